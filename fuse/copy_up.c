@@ -1,0 +1,306 @@
+/*
+ * Copy-up: a lower entry gets an upper copy before anything changes it.
+ * The copy is built complete in the workdir and renamed into place, so
+ * no reader ever sees a partial file, and a crash or ENOSPC leaves only
+ * a temp entry in the workdir (cleared at the next mount).
+ *
+ * Order matters: data first, then owner, then xattrs, then mode. Writing
+ * data after security.capability would drop it; chown after chmod would
+ * drop the setuid bits.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/fs.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/xattr.h>
+#include <unistd.h>
+
+#include "stratafs.h"
+
+/* Copies the data ranges only, so holes stay holes. */
+static int sfs_copy_data(int in, int out, off_t size)
+{
+	off_t off = 0;
+	int ret;
+
+	if (ioctl(out, FICLONE, in) == 0)
+		return 0;
+	while (off < size) {
+		off_t data = lseek(in, off, SEEK_DATA), hole;
+
+		if (data < 0 && errno == ENXIO)
+			break;	/* only a hole is left */
+		if (data < 0)
+			return sfs_io_copy_range(in, out, off, size - off);
+		hole = lseek(in, data, SEEK_HOLE);
+		if (hole < 0)
+			hole = size;
+		if (hole > size)
+			hole = size;
+		ret = sfs_io_copy_range(in, out, data, hole - data);
+		if (ret < 0)
+			return ret;
+		off = hole;
+	}
+	return ftruncate(out, size) < 0 ? -errno : 0;
+}
+
+/* Builds the regular file's copy at work/tmp. */
+static int sfs_copy_up_reg(struct sfs_node *n, const char *tmp,
+			   const struct stat *st, bool data)
+{
+	int in = -1, out, ret = 0;
+
+	out = openat(sfs->tmpfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC,
+		     0600);
+	if (out < 0)
+		return -errno;
+	if (data && st->st_size > 0) {
+		in = sfs_reopen(n->lower[0].fd, O_RDONLY);
+		if (in < 0) {
+			ret = in;
+			goto out;
+		}
+		ret = sfs_copy_data(in, out, st->st_size);
+		if (ret < 0)
+			goto out;
+	}
+	if (fsync(out) < 0)
+		ret = -errno;
+out:
+	if (in >= 0)
+		close(in);
+	close(out);
+	return ret;
+}
+
+static int sfs_copy_up_other(struct sfs_node *n, const char *tmp,
+			     const struct stat *st)
+{
+	char target[PATH_MAX + 1];
+	ssize_t len;
+
+	switch (st->st_mode & S_IFMT) {
+	case S_IFDIR:
+		if (mkdirat(sfs->tmpfd, tmp, 0700) < 0)
+			return -errno;
+		break;
+	case S_IFLNK:
+		len = readlinkat(n->lower[0].fd, "", target, sizeof(target));
+		if (len < 0)
+			return -errno;
+		if ((size_t)len >= sizeof(target))
+			return -ENAMETOOLONG;
+		target[len] = '\0';
+		if (symlinkat(target, sfs->tmpfd, tmp) < 0)
+			return -errno;
+		break;
+	default:
+		if (mknodat(sfs->tmpfd, tmp, st->st_mode & S_IFMT,
+			    st->st_rdev) < 0)
+			return -errno;
+		break;
+	}
+	return 0;
+}
+
+static int sfs_copy_up_xattrs(struct sfs_node *n, const char *tmp,
+			      const struct stat *st)
+{
+	int fd, ret;
+
+	if (S_ISLNK(st->st_mode))
+		return 0;	/* no xattrs through /proc for symlinks */
+	fd = openat(sfs->tmpfd, tmp, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	ret = sfs_xattr_copy(n->lower[0].fd, fd);
+	close(fd);
+	return ret;
+}
+
+/* Owner, xattrs, our origin, mode and times, on the finished work/tmp. */
+static int sfs_copy_up_attrs(struct sfs_node *n, const char *tmp,
+			     const struct stat *st)
+{
+	struct timespec tv[2] = { st->st_atim, st->st_mtim };
+	int ret;
+
+	if (fchownat(sfs->tmpfd, tmp, st->st_uid, st->st_gid,
+		     AT_SYMLINK_NOFOLLOW) < 0)
+		return -errno;
+	ret = sfs_copy_up_xattrs(n, tmp, st);
+	if (ret < 0)
+		return ret;
+	/* Symlinks and devices refuse user.* xattrs: no origin for them then. */
+	ret = sfs_origin_set(sfs->tmpfd, tmp, n->ino);
+	if (ret < 0 && (S_ISREG(st->st_mode) || S_ISDIR(st->st_mode)))
+		return ret;
+	if (!S_ISLNK(st->st_mode) &&
+	    fchmodat(sfs->tmpfd, tmp, st->st_mode & 07777, 0) < 0)
+		return -errno;
+	if (utimensat(sfs->tmpfd, tmp, tv, AT_SYMLINK_NOFOLLOW) < 0)
+		return -errno;
+	return 0;
+}
+
+/*
+ * A lower file with several names is copied once, into the index, and
+ * every name that is copied up links to it: a write through one name is
+ * seen through all, across remounts too.
+ */
+static int sfs_copy_up_index(struct sfs_node *n, const char *tmp,
+			     int dirfd, const char *name, nlink_t nlink)
+{
+	char key[32];
+	int ret;
+
+	snprintf(key, sizeof(key), "%016llx", (unsigned long long)n->ino);
+	/* Every lower name is visible until one is removed through us. */
+	ret = sfs_index_nlink_init(tmp, nlink);
+	if (ret < 0)
+		return ret;
+	ret = sfs_rename(sfs->tmpfd, tmp, sfs->indexfd, key, RENAME_NOREPLACE);
+	if (ret < 0)
+		return ret;
+	if (linkat(sfs->indexfd, key, dirfd, name, 0) < 0)
+		return -errno;
+	return 0;
+}
+
+static int sfs_copy_up_locked(struct sfs_node *n, int dirfd, bool data)
+{
+	bool index = false;
+	struct stat st, pst;
+	char tmp[64];
+	int ret;
+
+	ret = sfs_fstat(n->lower[0].fd, &st);
+	if (ret < 0)
+		return ret;
+	ret = sfs_tmp_name(tmp, sizeof(tmp));
+	if (ret < 0)
+		return ret;
+	if (S_ISREG(st.st_mode)) {
+		index = st.st_nlink > 1 && sfs->indexfd >= 0;
+		ret = sfs_copy_up_reg(n, tmp, &st, data);
+	} else {
+		ret = sfs_copy_up_other(n, tmp, &st);
+	}
+	if (ret == 0)
+		ret = sfs_copy_up_attrs(n, tmp, &st);
+	if (ret == 0)
+		ret = sfs_mark_impure(n->parent);
+	if (ret == 0)
+		ret = sfs_fstat(dirfd, &pst);
+	if (ret < 0)
+		goto out_clean;
+	if (index)
+		ret = sfs_copy_up_index(n, tmp, dirfd, n->name, st.st_nlink);
+	else
+		ret = sfs_rename(sfs->tmpfd, tmp, dirfd, n->name,
+				 RENAME_NOREPLACE);
+	if (ret < 0)
+		goto out_clean;
+	/* The parent's times are the lower's, not those of our copy-up. */
+	futimens(dirfd, (struct timespec[2]){ pst.st_atim, pst.st_mtim });
+
+	ret = sfs_open_entry(dirfd, n->name, st.st_mode);
+	if (ret < 0)
+		return ret;
+	n->indexed = index;
+	n->has_origin = true;
+	atomic_store(&n->upper, ret);
+	strata_debug("copied up %s (ino %llx)", n->name,
+		     (unsigned long long)n->ino);
+	return 0;
+
+out_clean:
+	sfs_tmp_remove(tmp);
+	return ret;
+}
+
+static int sfs_copy_up_mode(struct sfs_node *n, bool data)
+{
+	struct sfs_node *parent;
+	int ret;
+
+	if (!sfs_has_upper())
+		return -EROFS;
+	for (;;) {
+		int dirfd;
+
+		if (atomic_load(&n->upper) >= 0)
+			return 0;
+		pthread_mutex_lock(&n->lock);
+		parent = n->parent;
+		if (parent)
+			sfs_node_ref(parent);
+		pthread_mutex_unlock(&n->lock);
+		if (!parent)
+			return -EIO;	/* only the root has none, and it is up */
+
+		/* Parents first, without holding the child's lock. */
+		ret = sfs_copy_up_mode(parent, true);
+		if (ret < 0) {
+			sfs_node_unref(parent);
+			return ret;
+		}
+		pthread_mutex_lock(&n->lock);
+		if (n->parent != parent) {
+			/* renamed meanwhile: copy up the new parents */
+			pthread_mutex_unlock(&n->lock);
+			sfs_node_unref(parent);
+			continue;
+		}
+		ret = 0;
+		dirfd = atomic_load(&parent->upper);
+		if (atomic_load(&n->upper) < 0)
+			ret = sfs_copy_up_locked(n, dirfd, data);
+		pthread_mutex_unlock(&n->lock);
+		sfs_node_unref(parent);
+		return ret;
+	}
+}
+
+int sfs_copy_up(struct sfs_node *n)
+{
+	return sfs_copy_up_mode(n, true);
+}
+
+int sfs_copy_up_meta(struct sfs_node *n)
+{
+	return sfs_copy_up_mode(n, false);
+}
+
+/* Gives NAME in DIR an upper entry for N, whose data is already up. */
+int sfs_copy_up_name(struct sfs_node *dir, const char *name,
+		     struct sfs_node *n)
+{
+	char path[64];
+	struct stat st;
+	int dirfd, ret;
+
+	ret = sfs_copy_up(dir);
+	if (ret == 0)
+		ret = sfs_copy_up(n);
+	if (ret < 0)
+		return ret;
+	dirfd = atomic_load(&dir->upper);
+	if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0)
+		return 0;
+	if (n->has_origin) {
+		ret = sfs_mark_impure(dir);
+		if (ret < 0)
+			return ret;
+	}
+	sfs_proc_path(atomic_load(&n->upper), path, sizeof(path));
+	if (linkat(AT_FDCWD, path, dirfd, name, AT_SYMLINK_FOLLOW) < 0)
+		return -errno;
+	return 0;
+}

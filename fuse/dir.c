@@ -1,0 +1,665 @@
+/*
+ * Changes to directories: create, mkdir, mknod, symlink, link, unlink,
+ * rmdir and rename. Each leaves the upper layer in the kernel's format:
+ * a removed lower name becomes a whiteout, a directory created over a
+ * whiteout is opaque, a moved directory with lower content carries a
+ * redirect. Every marker lands in one rename from the workdir.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "stratafs.h"
+
+struct sfs_newent {
+	mode_t mode;		/* type and permission bits */
+	dev_t rdev;
+	const char *link;	/* symlink target */
+	uid_t uid;
+	gid_t gid;
+};
+
+static int sfs_make_at(int dirfd, const char *name, const struct sfs_newent *ne)
+{
+	int fd;
+
+	switch (ne->mode & S_IFMT) {
+	case S_IFREG:
+		fd = openat(dirfd, name, O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC,
+			    ne->mode & 07777);
+		if (fd < 0)
+			return -errno;
+		close(fd);
+		break;
+	case S_IFDIR:
+		if (mkdirat(dirfd, name, ne->mode & 07777) < 0)
+			return -errno;
+		break;
+	case S_IFLNK:
+		if (symlinkat(ne->link, dirfd, name) < 0)
+			return -errno;
+		break;
+	default:
+		if (mknodat(dirfd, name, ne->mode, ne->rdev) < 0)
+			return -errno;
+		break;
+	}
+	if (fchownat(dirfd, name, ne->uid, ne->gid, AT_SYMLINK_NOFOLLOW) < 0)
+		return -errno;
+	/* chown cleared setuid/setgid; the caller asked for them */
+	if (!S_ISLNK(ne->mode) && (ne->mode & (S_ISUID | S_ISGID)) &&
+	    fchmodat(dirfd, name, ne->mode & 07777, 0) < 0)
+		return -errno;
+	return 0;
+}
+
+/* 1 when the upper directory holds a whiteout at NAME, 0 when nothing. */
+static int sfs_upper_state(int dirfd, const char *name, struct stat *st)
+{
+	if (fstatat(dirfd, name, st, AT_SYMLINK_NOFOLLOW) < 0)
+		return errno == ENOENT ? 0 : -errno;
+	return sfs_is_whiteout(st) ? 1 : 2;
+}
+
+static int sfs_check_absent(struct sfs_node *dir, const char *name)
+{
+	struct sfs_found f;
+	int ret = sfs_lookup_name(dir, name, &f);
+
+	if (ret == 0) {
+		sfs_found_release(&f);
+		return -EEXIST;
+	}
+	return ret == -ENOENT ? 0 : ret;
+}
+
+static int sfs_create(struct sfs_node *dir, const char *name,
+		      const struct sfs_newent *ne, struct sfs_node **out)
+{
+	struct stat st;
+	char tmp[64];
+	int dirfd, ret;
+
+	if (!sfs_has_upper())
+		return -EROFS;
+	ret = sfs_check_absent(dir, name);
+	if (ret == 0)
+		ret = sfs_copy_up(dir);
+	if (ret < 0)
+		return ret;
+	dirfd = atomic_load(&dir->upper);
+	ret = sfs_upper_state(dirfd, name, &st);
+	if (ret < 0)
+		return ret;
+	if (ret == 0) {
+		ret = sfs_make_at(dirfd, name, ne);
+		if (ret < 0) {
+			sfs_unlinkat(dirfd, name, S_ISDIR(ne->mode) ?
+					     AT_REMOVEDIR : 0);
+			return ret;
+		}
+	} else {
+		/*
+		 * Over a whiteout: build it in the workdir and swap it in.
+		 * A directory there must not merge with what the whiteout
+		 * hid, so it is opaque.
+		 */
+		ret = sfs_tmp_name(tmp, sizeof(tmp));
+		if (ret == 0)
+			ret = sfs_make_at(sfs->tmpfd, tmp, ne);
+		if (ret == 0 && S_ISDIR(ne->mode)) {
+			int fd = openat(sfs->tmpfd, tmp, O_RDONLY | O_DIRECTORY |
+							   O_CLOEXEC);
+
+			ret = fd < 0 ? -errno : sfs_set_opaque(fd);
+			if (fd >= 0)
+				close(fd);
+		}
+		/* rename(2) cannot put a directory over a device: swap them */
+		if (ret == 0)
+			ret = sfs_rename(sfs->tmpfd, tmp, dirfd, name,
+					 S_ISDIR(ne->mode) ? RENAME_EXCHANGE : 0);
+		if (ret < 0) {
+			sfs_tmp_remove(tmp);
+			return ret;
+		}
+		if (S_ISDIR(ne->mode))
+			sfs_tmp_remove(tmp);
+	}
+	if (S_ISDIR(ne->mode))
+		sfs_node_dir_changed(dir, 1);
+	return sfs_lookup_node(dir, name, out);
+}
+
+int sfs_create_entry(fuse_req_t req, struct sfs_node *dir, const char *name,
+		     mode_t mode, dev_t rdev, const char *link,
+		     struct sfs_node **out)
+{
+	struct sfs_newent ne = { .mode = mode, .rdev = rdev, .link = link };
+
+	sfs_req_owner(req, dir, &ne.mode, &ne.uid, &ne.gid);
+	return sfs_create(dir, name, &ne, out);
+}
+
+static void sfs_reply_new(fuse_req_t req, int ret, struct sfs_node *n)
+{
+	if (ret < 0) {
+		sfs_reply_err(req, ret);
+		return;
+	}
+	sfs_entry_reply(req, n);
+	sfs_node_unref(n);
+}
+
+void sfs_op_mknod(fuse_req_t req, fuse_ino_t parent, const char *name,
+		  mode_t mode, dev_t rdev)
+{
+	struct sfs_node *n = NULL;
+	int ret = sfs_create_entry(req, sfs_node_get(parent), name, mode, rdev,
+				   NULL, &n);
+
+	sfs_reply_new(req, ret, n);
+}
+
+void sfs_op_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name,
+		  mode_t mode)
+{
+	struct sfs_node *n = NULL;
+	int ret = sfs_create_entry(req, sfs_node_get(parent), name,
+				   S_IFDIR | (mode & 07777), 0, NULL, &n);
+
+	sfs_reply_new(req, ret, n);
+}
+
+void sfs_op_symlink(fuse_req_t req, const char *link, fuse_ino_t parent,
+		    const char *name)
+{
+	struct sfs_node *n = NULL;
+	int ret = sfs_create_entry(req, sfs_node_get(parent), name,
+				   S_IFLNK | 0777, 0, link, &n);
+
+	sfs_reply_new(req, ret, n);
+}
+
+void sfs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name,
+		   mode_t mode, struct fuse_file_info *fi)
+{
+	struct sfs_node *n = NULL;
+	struct sfs_file *f;
+	struct fuse_entry_param e;
+	int ret;
+
+	ret = sfs_create_entry(req, sfs_node_get(parent), name,
+			       S_IFREG | (mode & 07777), 0, NULL, &n);
+	if (ret < 0)
+		goto out_err;
+	ret = sfs_fill_entry(n, &e);
+	if (ret == 0)
+		ret = sfs_file_open(n, fi->flags & ~O_TRUNC, &f);
+	if (ret < 0)
+		goto out_err;
+	fi->fh = (uintptr_t)f;
+	sfs_file_set_cache(fi);
+	sfs_node_lookup_inc(n);
+	if (fuse_reply_create(req, &e, fi) != 0) {
+		sfs_file_close(f);
+		sfs_node_lookup_dec(n);
+	}
+	sfs_node_unref(n);
+	return;
+
+out_err:
+	if (n)
+		sfs_node_unref(n);
+	sfs_reply_err(req, ret);
+}
+
+void sfs_op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent,
+		 const char *newname)
+{
+	struct sfs_node *n = sfs_node_get(ino);
+	struct sfs_node *dir = sfs_node_get(newparent);
+	struct stat st;
+	char path[64], tmp[64];
+	int dirfd, ret;
+
+	if (!sfs_has_upper()) {
+		fuse_reply_err(req, EROFS);
+		return;
+	}
+	ret = sfs_check_absent(dir, newname);
+	if (ret == 0)
+		ret = sfs_copy_up(n);
+	if (ret == 0)
+		ret = sfs_copy_up(dir);
+	if (ret < 0)
+		goto out_err;
+	if (n->has_origin)
+		ret = sfs_mark_impure(dir);
+	if (ret < 0)
+		goto out_err;
+	dirfd = atomic_load(&dir->upper);
+	sfs_proc_path(atomic_load(&n->upper), path, sizeof(path));
+	ret = sfs_upper_state(dirfd, newname, &st);
+	if (ret < 0)
+		goto out_err;
+	if (ret == 0) {
+		if (linkat(AT_FDCWD, path, dirfd, newname, AT_SYMLINK_FOLLOW) < 0)
+			ret = -errno;
+	} else {
+		ret = sfs_tmp_name(tmp, sizeof(tmp));
+		if (ret == 0 && linkat(AT_FDCWD, path, sfs->tmpfd, tmp,
+				       AT_SYMLINK_FOLLOW) < 0)
+			ret = -errno;
+		if (ret == 0) {
+			ret = sfs_rename(sfs->tmpfd, tmp, dirfd, newname, 0);
+			if (ret < 0)
+				sfs_unlinkat(sfs->tmpfd, tmp, 0);
+		}
+	}
+	if (ret < 0)
+		goto out_err;
+	if (n->indexed)
+		sfs_index_nlink_add(n, 1);
+	pthread_mutex_lock(&n->lock);
+	if (n->unlinked)
+		sfs_node_set_name(n, dir, newname);
+	pthread_mutex_unlock(&n->lock);
+	sfs_entry_reply(req, n);
+	return;
+
+out_err:
+	sfs_reply_err(req, ret);
+}
+
+/*
+ * A lower file with several names goes to the index before one of its
+ * names goes away, so the others keep an exact link count.
+ */
+static int sfs_prepare_nlink_change(struct sfs_node *n)
+{
+	struct stat st;
+	int ret;
+
+	if (!S_ISREG(n->type) || atomic_load(&n->upper) >= 0)
+		return 0;
+	ret = sfs_fstat(n->lower[0].fd, &st);
+	if (ret == 0 && st.st_nlink > 1)
+		ret = sfs_copy_up(n);
+	return ret;
+}
+
+/* After a name went away: is the node gone from the view entirely? */
+static void sfs_node_removed(struct sfs_node *n)
+{
+	struct stat st;
+	bool gone = true;
+	int upper = atomic_load(&n->upper);
+
+	if (n->indexed)
+		gone = sfs_index_nlink_add(n, -1) == 0;
+	else if (S_ISDIR(n->type))
+		gone = true;
+	else if (upper >= 0)
+		gone = sfs_fstat(upper, &st) == 0 && st.st_nlink == 0;
+	else
+		gone = sfs_fstat(n->lower[0].fd, &st) == 0 && st.st_nlink <= 1;
+	pthread_mutex_lock(&n->lock);
+	if (gone)
+		n->unlinked = true;
+	pthread_mutex_unlock(&n->lock);
+}
+
+/*
+ * Removes NAME from DIR's upper layer, leaving a whiteout when a lower
+ * layer would show the name again.
+ */
+static int sfs_remove(struct sfs_node *dir, const char *name, bool isdir)
+{
+	struct stat st;
+	char tmp[64];
+	int dirfd, positive, state, ret;
+
+	ret = sfs_copy_up(dir);
+	if (ret < 0)
+		return ret;
+	dirfd = atomic_load(&dir->upper);
+	positive = sfs_lower_positive(dir, name);
+	if (positive < 0)
+		return positive;
+	state = sfs_upper_state(dirfd, name, &st);
+	if (state < 0)
+		return state;
+	if (state == 0)
+		return positive ? sfs_whiteout_create(dirfd, name) : -ENOENT;
+	if (positive)
+		return sfs_whiteout_replace(dirfd, name);
+	if (!isdir)
+		return sfs_unlinkat(dirfd, name, 0);
+	/* The upper dir may still hold whiteouts: clear it out of sight. */
+	ret = sfs_tmp_name(tmp, sizeof(tmp));
+	if (ret == 0)
+		ret = sfs_rename(dirfd, name, sfs->tmpfd, tmp, 0);
+	if (ret == 0)
+		ret = sfs_tmp_remove(tmp);
+	return ret;
+}
+
+void sfs_op_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)
+{
+	struct sfs_node *dir = sfs_node_get(parent);
+	struct sfs_node *n;
+	int ret;
+
+	if (!sfs_has_upper()) {
+		fuse_reply_err(req, EROFS);
+		return;
+	}
+	ret = sfs_lookup_node(dir, name, &n);
+	if (ret < 0)
+		goto out;
+	if (S_ISDIR(n->type))
+		ret = -EISDIR;
+	else
+		ret = sfs_prepare_nlink_change(n);
+	if (ret == 0)
+		ret = sfs_remove(dir, name, false);
+	if (ret == 0)
+		sfs_node_removed(n);
+	sfs_node_unref(n);
+out:
+	sfs_reply_err(req, ret);
+}
+
+void sfs_op_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
+{
+	struct sfs_node *dir = sfs_node_get(parent);
+	struct sfs_node *n;
+	int ret;
+
+	if (!sfs_has_upper()) {
+		fuse_reply_err(req, EROFS);
+		return;
+	}
+	ret = sfs_lookup_node(dir, name, &n);
+	if (ret < 0)
+		goto out;
+	if (!S_ISDIR(n->type))
+		ret = -ENOTDIR;
+	else
+		ret = sfs_dir_check_empty(n);
+	if (ret == 0)
+		ret = sfs_remove(dir, name, true);
+	if (ret == 0) {
+		sfs_node_removed(n);
+		sfs_node_dir_changed(dir, -1);
+	}
+	sfs_node_unref(n);
+out:
+	sfs_reply_err(req, ret);
+}
+
+/*
+ * The absolute path of a directory's lower part, as a redirect names
+ * it: the nearest redirected ancestor's redirect plus the names below.
+ */
+static int sfs_lower_path(struct sfs_node *n, char *buf, size_t size)
+{
+	char *names[PATH_MAX / 2];
+	const char *base = "";
+	size_t count = 0, len;
+	int ret = 0;
+
+	for (struct sfs_node *p = n; p && p != &sfs->root; p = p->parent) {
+		pthread_mutex_lock(&p->lock);
+		if (p->redirect && p->redirect[0] == '/') {
+			base = p->redirect;
+			pthread_mutex_unlock(&p->lock);
+			break;
+		}
+		if (count == sizeof(names) / sizeof(names[0])) {
+			pthread_mutex_unlock(&p->lock);
+			ret = -ENAMETOOLONG;
+			goto out;
+		}
+		names[count] = strdup(p->redirect ? p->redirect : p->name);
+		pthread_mutex_unlock(&p->lock);
+		if (!names[count]) {
+			ret = -ENOMEM;
+			goto out;
+		}
+		count++;
+	}
+	len = snprintf(buf, size, "%s", base);
+	for (size_t i = count; i > 0 && len < size; i--)
+		len += snprintf(buf + len, size - len, "/%s", names[i - 1]);
+	if (len >= size)
+		ret = -ENAMETOOLONG;
+out:
+	for (size_t i = 0; i < count; i++)
+		free(names[i]);
+	return ret;
+}
+
+/* A moved directory with lower content remembers where that content is. */
+static int sfs_rename_redirect(struct sfs_node *n)
+{
+	char path[PATH_MAX];
+	char *dup;
+	int ret;
+
+	if (!S_ISDIR(n->type) || n->nlower == 0)
+		return 0;
+	pthread_mutex_lock(&n->lock);
+	ret = (n->redirect && n->redirect[0] == '/') ? 1 : 0;
+	pthread_mutex_unlock(&n->lock);
+	if (ret)
+		return 0;
+	ret = sfs_lower_path(n, path, sizeof(path));
+	if (ret < 0)
+		return ret;
+	dup = strdup(path);
+	if (!dup)
+		return -ENOMEM;
+	ret = sfs_set_redirect(atomic_load(&n->upper), path);
+	pthread_mutex_lock(&n->lock);
+	if (ret == 0) {
+		free(n->redirect);
+		n->redirect = dup;
+	} else {
+		free(dup);
+	}
+	pthread_mutex_unlock(&n->lock);
+	return ret;
+}
+
+/*
+ * A directory arriving where a lower layer has the name must not merge
+ * with it: its own lower part (if any) is reached by redirect, so the
+ * only case to mark is a pure upper directory.
+ */
+static int sfs_rename_opaque(struct sfs_node *n, struct sfs_node *dir,
+			     const char *name)
+{
+	int positive;
+
+	if (!S_ISDIR(n->type) || n->nlower > 0 || n->opaque)
+		return 0;
+	positive = sfs_lower_positive(dir, name);
+	if (positive <= 0)
+		return positive;
+	n->opaque = true;
+	return sfs_set_opaque(atomic_load(&n->upper));
+}
+
+static int sfs_rename_check(struct sfs_node *src, struct sfs_node *dst,
+			    unsigned int flags)
+{
+	if (!dst)
+		return (flags & RENAME_EXCHANGE) ? -ENOENT : 0;
+	if (flags & RENAME_NOREPLACE)
+		return -EEXIST;
+	if (flags & RENAME_EXCHANGE)
+		return 0;
+	if (S_ISDIR(src->type) && !S_ISDIR(dst->type))
+		return -ENOTDIR;
+	if (!S_ISDIR(src->type) && S_ISDIR(dst->type))
+		return -EISDIR;
+	if (S_ISDIR(dst->type))
+		return sfs_dir_check_empty(dst);
+	return 0;
+}
+
+/* Makes room for a plain rename onto a directory that is empty in view. */
+static int sfs_rename_clear_dst(struct sfs_node *ndir, const char *newname,
+				struct sfs_node *dst)
+{
+	if (!dst || !S_ISDIR(dst->type) || atomic_load(&dst->upper) < 0)
+		return 0;
+	return sfs_remove(ndir, newname, true);
+}
+
+static void sfs_rename_update(struct sfs_node *pdir, const char *name,
+			      struct sfs_node *ndir, const char *newname,
+			      struct sfs_node *src, struct sfs_node *dst,
+			      unsigned int flags)
+{
+	pthread_mutex_lock(&src->lock);
+	sfs_node_set_name(src, ndir, newname);
+	pthread_mutex_unlock(&src->lock);
+	if (S_ISDIR(src->type) && pdir != ndir) {
+		sfs_node_dir_changed(pdir, -1);
+		sfs_node_dir_changed(ndir, 1);
+	}
+	if (!dst)
+		return;
+	if (flags & RENAME_EXCHANGE) {
+		pthread_mutex_lock(&dst->lock);
+		sfs_node_set_name(dst, pdir, name);
+		pthread_mutex_unlock(&dst->lock);
+		if (S_ISDIR(dst->type) && pdir != ndir) {
+			sfs_node_dir_changed(ndir, -1);
+			sfs_node_dir_changed(pdir, 1);
+		}
+		return;
+	}
+	sfs_node_removed(dst);
+	if (S_ISDIR(dst->type))
+		sfs_node_dir_changed(ndir, -1);
+}
+
+/*
+ * The rename in the upper layer. NOREPLACE was checked in the merged
+ * view (upper may hold a whiteout there). A directory cannot replace a
+ * whiteout by rename(2), so it swaps with it instead, and the whiteout
+ * lands where one is needed anyway, or is removed.
+ */
+static int sfs_rename_upper(struct sfs_node *pdir, const char *name,
+			    struct sfs_node *ndir, const char *newname,
+			    struct sfs_node *src, unsigned int flags,
+			    bool whiteout)
+{
+	int odir = atomic_load(&pdir->upper), ndirfd = atomic_load(&ndir->upper);
+	unsigned int rflags = flags & ~RENAME_NOREPLACE;
+	struct stat st;
+	int state, ret;
+
+	if (!(flags & RENAME_EXCHANGE) && S_ISDIR(src->type)) {
+		state = sfs_upper_state(ndirfd, newname, &st);
+		if (state < 0)
+			return state;
+		if (state == 1) {
+			ret = sfs_rename(odir, name, ndirfd, newname,
+					 RENAME_EXCHANGE);
+			if (ret == 0 && !whiteout)
+				ret = sfs_unlinkat(odir, name, 0);
+			return ret;
+		}
+	}
+	if (whiteout && sfs->rename_whiteout)
+		rflags |= RENAME_WHITEOUT;
+	ret = sfs_rename(odir, name, ndirfd, newname, rflags);
+	if (ret == 0 && whiteout && !sfs->rename_whiteout)
+		ret = sfs_whiteout_create(odir, name);
+	return ret;
+}
+
+static int sfs_rename_entry(struct sfs_node *pdir, const char *name,
+		      struct sfs_node *ndir, const char *newname,
+		      unsigned int flags)
+{
+	struct sfs_node *src = NULL, *dst = NULL;
+	int ret, whiteout = 0;
+
+	ret = sfs_lookup_node(pdir, name, &src);
+	if (ret < 0)
+		return ret;
+	ret = sfs_lookup_node(ndir, newname, &dst);
+	if (ret == -ENOENT)
+		ret = 0;
+	if (ret < 0)
+		goto out;
+	if (dst == src) {
+		ret = 0;	/* two names of one file: rename(2) does nothing */
+		goto out;
+	}
+	ret = sfs_rename_check(src, dst, flags);
+	if (ret == 0 && dst && !(flags & RENAME_EXCHANGE))
+		ret = sfs_prepare_nlink_change(dst);
+	if (ret == 0)
+		ret = sfs_copy_up_name(pdir, name, src);
+	if (ret == 0 && (flags & RENAME_EXCHANGE))
+		ret = sfs_copy_up_name(ndir, newname, dst);
+	if (ret == 0)
+		ret = sfs_copy_up(ndir);
+	if (ret == 0 && (pdir != ndir || strcmp(name, newname)))
+		ret = sfs_rename_redirect(src);
+	if (ret == 0 && (flags & RENAME_EXCHANGE))
+		ret = sfs_rename_redirect(dst);
+	if (ret == 0 && src->has_origin)
+		ret = sfs_mark_impure(ndir);
+	if (ret == 0 && dst && dst->has_origin && (flags & RENAME_EXCHANGE))
+		ret = sfs_mark_impure(pdir);
+	if (ret == 0)
+		ret = sfs_rename_opaque(src, ndir, newname);
+	if (ret == 0 && (flags & RENAME_EXCHANGE))
+		ret = sfs_rename_opaque(dst, pdir, name);
+	if (ret == 0 && !(flags & RENAME_EXCHANGE)) {
+		ret = sfs_rename_clear_dst(ndir, newname, dst);
+		whiteout = ret == 0 ? sfs_lower_positive(pdir, name) : 0;
+		if (whiteout < 0)
+			ret = whiteout;
+	}
+	if (ret < 0)
+		goto out;
+	ret = sfs_rename_upper(pdir, name, ndir, newname, src, flags,
+			       whiteout);
+	if (ret == 0)
+		sfs_rename_update(pdir, name, ndir, newname, src, dst, flags);
+out:
+	if (dst)
+		sfs_node_unref(dst);
+	sfs_node_unref(src);
+	return ret;
+}
+
+void sfs_op_rename(fuse_req_t req, fuse_ino_t parent, const char *name,
+		   fuse_ino_t newparent, const char *newname,
+		   unsigned int flags)
+{
+	int ret;
+
+	if (flags & ~(RENAME_NOREPLACE | RENAME_EXCHANGE))
+		ret = -EINVAL;
+	else if (!sfs_has_upper())
+		ret = -EROFS;
+	else
+		ret = sfs_rename_entry(sfs_node_get(parent), name,
+				       sfs_node_get(newparent), newname, flags);
+	sfs_reply_err(req, ret);
+}

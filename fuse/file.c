@@ -1,0 +1,182 @@
+/*
+ * Open files. A write open copies the file up first; a read-only open
+ * never does. A read-only handle opened on the lower file follows a
+ * later copy-up: its next read reopens the upper copy, so it sees what
+ * was written through other handles (the kernel's overlayfs does the
+ * same since 4.19; fuse-overlayfs does not).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "stratafs.h"
+
+static bool sfs_flags_write(int flags)
+{
+	return (flags & O_ACCMODE) != O_RDONLY || (flags & O_TRUNC);
+}
+
+int sfs_file_open(struct sfs_node *n, int flags, struct sfs_file **out)
+{
+	struct sfs_file *f;
+	int fd, ret;
+
+	if (sfs_flags_write(flags)) {
+		if (!sfs_has_upper())
+			return -EROFS;
+		ret = (flags & O_TRUNC) ? sfs_copy_up_meta(n) : sfs_copy_up(n);
+		if (ret < 0)
+			return ret;
+	}
+	f = calloc(1, sizeof(*f));
+	if (!f)
+		return -ENOMEM;
+	/* The kernel did the permission and creation checks already. */
+	flags &= ~(O_CREAT | O_EXCL | O_NOCTTY | O_NOFOLLOW);
+	f->upper = atomic_load(&n->upper) >= 0;
+	fd = sfs_reopen(sfs_node_datafd(n), flags);
+	if (fd < 0) {
+		free(f);
+		return fd;
+	}
+	pthread_mutex_init(&f->lock, NULL);
+	f->fd = fd;
+	f->oldfd = -1;
+	f->flags = flags;
+	f->node = n;
+	sfs_node_ref(n);
+	*out = f;
+	return 0;
+}
+
+void sfs_file_close(struct sfs_file *f)
+{
+	close(f->fd);
+	if (f->oldfd >= 0)
+		close(f->oldfd);
+	sfs_node_unref(f->node);
+	pthread_mutex_destroy(&f->lock);
+	free(f);
+}
+
+/*
+ * The page cache stays valid across opens: every change reaches the
+ * layers through this mount, so the kernel already knows of it.
+ */
+void sfs_file_set_cache(struct fuse_file_info *fi)
+{
+	fi->keep_cache = 1;
+}
+
+void sfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct sfs_file *f;
+	int ret = sfs_file_open(sfs_node_get(ino), fi->flags, &f);
+
+	if (ret < 0) {
+		sfs_reply_err(req, ret);
+		return;
+	}
+	fi->fh = (uintptr_t)f;
+	sfs_file_set_cache(fi);
+	if (fuse_reply_open(req, fi) != 0)
+		sfs_file_close(f);
+}
+
+static struct sfs_file *sfs_fh(struct fuse_file_info *fi)
+{
+	return (struct sfs_file *)(uintptr_t)fi->fh;
+}
+
+/* The descriptor to read through: the upper copy once there is one. */
+static int sfs_file_readfd(struct sfs_file *f)
+{
+	int fd;
+
+	if (f->upper || atomic_load(&f->node->upper) < 0)
+		return f->fd;
+	pthread_mutex_lock(&f->lock);
+	if (!f->upper) {
+		fd = sfs_reopen(atomic_load(&f->node->upper), O_RDONLY);
+		if (fd >= 0) {
+			/*
+			 * Readers still on the old fd finish on the old data;
+			 * it is closed with the handle, never under them.
+			 */
+			f->oldfd = f->fd;
+			f->fd = fd;
+			f->upper = true;
+		}
+	}
+	fd = f->fd;
+	pthread_mutex_unlock(&f->lock);
+	return fd;
+}
+
+void sfs_op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+		 struct fuse_file_info *fi)
+{
+	sfs_io_read(req, sfs_file_readfd(sfs_fh(fi)), size, off);
+}
+
+void sfs_op_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *buf,
+		      off_t off, struct fuse_file_info *fi)
+{
+	sfs_io_write(req, sfs_fh(fi)->fd, buf, off);
+}
+
+void sfs_op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	/* Locks are the kernel's own and data is written through: nothing to do. */
+	fuse_reply_err(req, 0);
+}
+
+void sfs_op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	sfs_file_close(sfs_fh(fi));
+	fuse_reply_err(req, 0);
+}
+
+void sfs_op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync,
+		  struct fuse_file_info *fi)
+{
+	int fd = sfs_fh(fi)->fd;
+	int ret = datasync ? fdatasync(fd) : fsync(fd);
+
+	fuse_reply_err(req, ret < 0 ? errno : 0);
+}
+
+void sfs_op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t offset,
+		      off_t length, struct fuse_file_info *fi)
+{
+	struct sfs_file *f = sfs_fh(fi);
+
+	if (!f->upper) {
+		fuse_reply_err(req, EBADF);
+		return;
+	}
+	fuse_reply_err(req, fallocate(f->fd, mode, offset, length) < 0 ?
+				    errno : 0);
+}
+
+void sfs_op_lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence,
+		  struct fuse_file_info *fi)
+{
+	off_t res = lseek(sfs_file_readfd(sfs_fh(fi)), off, whence);
+
+	if (res < 0)
+		fuse_reply_err(req, errno);
+	else
+		fuse_reply_lseek(req, res);
+}
+
+void sfs_op_copy_file_range(fuse_req_t req, fuse_ino_t ino_in, off_t off_in,
+			    struct fuse_file_info *fi_in, fuse_ino_t ino_out,
+			    off_t off_out, struct fuse_file_info *fi_out,
+			    size_t len, int flags)
+{
+	sfs_io_copy_file(req, sfs_file_readfd(sfs_fh(fi_in)), off_in,
+			 sfs_fh(fi_out)->fd, off_out, len, flags);
+}

@@ -1,0 +1,581 @@
+/*
+ * Inodes of the merged view: the table that maps our stable inode
+ * numbers to nodes, the two reference counts (the kernel's lookups and
+ * our own holds), attributes and their changes.
+ *
+ * st_ino is the real inode number with the layer filesystem's index in
+ * the top bits, so it is unique across layers on different filesystems;
+ * a copied-up file keeps its lower number through an xattr, so copy-up
+ * and remount never change it.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <stdio.h>
+#include <sys/statvfs.h>
+#include <sys/xattr.h>
+#include <unistd.h>
+
+#include "stratafs.h"
+
+#define SFS_TABLE_MIN 1024
+
+static size_t sfs_hash(uint64_t ino, size_t size)
+{
+	ino ^= ino >> 33;
+	ino *= 0xff51afd7ed558ccdULL;
+	ino ^= ino >> 33;
+	return ino & (size - 1);
+}
+
+uint64_t sfs_ino_compose(unsigned fsid, ino_t ino)
+{
+	uint64_t hi = (uint64_t)fsid << SFS_INO_FSID_SHIFT;
+
+	if ((uint64_t)ino >> SFS_INO_FSID_SHIFT) {
+		/*
+		 * A filesystem with huge inode numbers: fold the high bits
+		 * in. Collisions become possible, so say it once.
+		 */
+		static atomic_bool warned;
+
+		if (!atomic_exchange(&warned, true))
+			strata_warn("inode numbers above 2^56: st_ino may collide across layers");
+		ino ^= ino >> SFS_INO_FSID_SHIFT;
+		ino &= (1ULL << SFS_INO_FSID_SHIFT) - 1;
+	}
+	return hi | (uint64_t)ino;
+}
+
+int sfs_table_init(struct sfs_fs *fs)
+{
+	fs->table_size = SFS_TABLE_MIN;
+	fs->table = calloc(fs->table_size, sizeof(*fs->table));
+	if (!fs->table)
+		return -ENOMEM;
+	pthread_mutex_init(&fs->table_lock, NULL);
+	return 0;
+}
+
+static void sfs_node_close(struct sfs_node *n)
+{
+	int upper = atomic_load(&n->upper);
+
+	if (upper >= 0)
+		close(upper);
+	for (int i = 0; i < n->nlower; i++)
+		close(n->lower[i].fd);
+	free(n->lower);
+	free(n->name);
+	free(n->redirect);
+	pthread_mutex_destroy(&n->lock);
+}
+
+void sfs_table_destroy(struct sfs_fs *fs)
+{
+	for (size_t i = 0; i < fs->table_size; i++) {
+		struct sfs_node *n = fs->table[i], *next;
+
+		for (; n; n = next) {
+			next = n->hnext;
+			sfs_node_close(n);
+			free(n);
+		}
+	}
+	free(fs->table);
+	fs->table = NULL;
+	sfs_node_close(&fs->root);
+	pthread_mutex_destroy(&fs->table_lock);
+}
+
+static void sfs_table_grow(void)
+{
+	size_t size = sfs->table_size * 2;
+	struct sfs_node **t = calloc(size, sizeof(*t));
+
+	if (!t)
+		return;	/* longer chains, still correct */
+	for (size_t i = 0; i < sfs->table_size; i++) {
+		struct sfs_node *n = sfs->table[i], *next;
+
+		for (; n; n = next) {
+			size_t h = sfs_hash(n->ino, size);
+
+			next = n->hnext;
+			n->hnext = t[h];
+			t[h] = n;
+		}
+	}
+	free(sfs->table);
+	sfs->table = t;
+	sfs->table_size = size;
+}
+
+static void sfs_table_remove(struct sfs_node *n)
+{
+	struct sfs_node **p = &sfs->table[sfs_hash(n->ino, sfs->table_size)];
+
+	for (; *p; p = &(*p)->hnext) {
+		if (*p == n) {
+			*p = n->hnext;
+			sfs->table_count--;
+			return;
+		}
+	}
+}
+
+struct sfs_node *sfs_node_get(fuse_ino_t nodeid)
+{
+	if (nodeid == FUSE_ROOT_ID)
+		return &sfs->root;
+	return (struct sfs_node *)(uintptr_t)nodeid;
+}
+
+void sfs_node_ref(struct sfs_node *n)
+{
+	pthread_mutex_lock(&sfs->table_lock);
+	n->refs++;
+	pthread_mutex_unlock(&sfs->table_lock);
+}
+
+void sfs_node_lookup_inc(struct sfs_node *n)
+{
+	pthread_mutex_lock(&sfs->table_lock);
+	n->nlookup++;
+	pthread_mutex_unlock(&sfs->table_lock);
+}
+
+/*
+ * Drops a count and frees the node once nobody holds it. The parent
+ * reference goes last, outside the table lock, walking up iteratively
+ * so a deep tree being forgotten cannot overflow the stack.
+ */
+static void sfs_node_put(struct sfs_node *n, uint64_t nlookup, uint64_t refs)
+{
+	while (n) {
+		struct sfs_node *parent;
+
+		pthread_mutex_lock(&sfs->table_lock);
+		n->nlookup -= nlookup;
+		n->refs -= refs;
+		if (n == &sfs->root || n->nlookup || n->refs) {
+			pthread_mutex_unlock(&sfs->table_lock);
+			return;
+		}
+		sfs_table_remove(n);
+		pthread_mutex_unlock(&sfs->table_lock);
+
+		parent = n->parent;
+		sfs_node_close(n);
+		free(n);
+		n = parent;
+		nlookup = 0;
+		refs = 1;
+	}
+}
+
+void sfs_node_lookup_dec(struct sfs_node *n)
+{
+	sfs_node_put(n, 1, 0);
+}
+
+void sfs_node_unref(struct sfs_node *n)
+{
+	sfs_node_put(n, 0, 1);
+}
+
+/*
+ * Turns a lookup result into a node, taking over its descriptors. An
+ * existing node with the same inode number is the same file (a hard
+ * link, or a name looked up again) and is returned instead. The caller
+ * gets one reference.
+ */
+struct sfs_node *sfs_node_from_found(struct sfs_node *parent,
+				     const char *name, struct sfs_found *f,
+				     uint64_t ino, int *err)
+{
+	struct sfs_node *n, *fresh = NULL;
+	size_t h;
+
+	*err = 0;
+	fresh = calloc(1, sizeof(*fresh));
+	if (!fresh)
+		goto out_nomem;
+	fresh->name = strdup(name);
+	if (!fresh->name)
+		goto out_nomem;
+	if (f->nlower) {
+		fresh->lower = malloc(f->nlower * sizeof(*fresh->lower));
+		if (!fresh->lower)
+			goto out_nomem;
+	}
+
+	pthread_mutex_lock(&sfs->table_lock);
+	h = sfs_hash(ino, sfs->table_size);
+	for (n = sfs->table[h]; n; n = n->hnext) {
+		if (n->ino == ino && (n->type & S_IFMT) == f->type)
+			break;
+	}
+	if (n) {
+		n->refs++;
+		pthread_mutex_unlock(&sfs->table_lock);
+		free(fresh->lower);
+		free(fresh->name);
+		free(fresh);
+		/* A name seen again revives a node whose old name is gone. */
+		pthread_mutex_lock(&n->lock);
+		if (n->unlinked && parent)
+			sfs_node_set_name(n, parent, name);
+		pthread_mutex_unlock(&n->lock);
+		sfs_found_release(f);
+		return n;
+	}
+
+	n = fresh;
+	n->nodeid = (fuse_ino_t)(uintptr_t)n;
+	n->ino = ino;
+	n->refs = 1;
+	n->type = f->type;
+	pthread_mutex_init(&n->lock, NULL);
+	atomic_init(&n->upper, f->upper);
+	n->nlower = f->nlower;
+	memcpy(n->lower, f->lower, f->nlower * sizeof(*n->lower));
+	n->redirect = f->redirect;
+	n->opaque = f->opaque;
+	n->indexed = f->indexed;
+	n->has_origin = f->has_origin;
+	n->impure = f->impure;
+	n->subdirs = -1;
+	n->index_nlink = -1;
+	n->parent = parent;
+	if (parent)
+		parent->refs++;
+	n->hnext = sfs->table[h];
+	sfs->table[h] = n;
+	if (++sfs->table_count > sfs->table_size)
+		sfs_table_grow();
+	pthread_mutex_unlock(&sfs->table_lock);
+	f->upper = -1;
+	f->nlower = 0;
+	f->redirect = NULL;
+	return n;
+
+out_nomem:
+	if (fresh) {
+		free(fresh->lower);
+		free(fresh->name);
+		free(fresh);
+	}
+	sfs_found_release(f);
+	*err = -ENOMEM;
+	return NULL;
+}
+
+/* Moves a node to a new name; the caller holds n->lock. */
+int sfs_node_set_name(struct sfs_node *n, struct sfs_node *parent,
+		      const char *name)
+{
+	char *dup = strdup(name);
+	struct sfs_node *old;
+
+	if (!dup)
+		return -ENOMEM;
+	sfs_node_ref(parent);
+	old = n->parent;
+	n->parent = parent;
+	free(n->name);
+	n->name = dup;
+	n->unlinked = false;
+	if (old)
+		sfs_node_unref(old);
+	return 0;
+}
+
+/* Keeps a merged directory's subdirectory count without a rescan. */
+void sfs_node_dir_changed(struct sfs_node *dir, int subdir_delta)
+{
+	pthread_mutex_lock(&dir->lock);
+	if (dir->subdirs >= 0)
+		dir->subdirs += subdir_delta;
+	pthread_mutex_unlock(&dir->lock);
+}
+
+/*
+ * A file in the hardlink index counts its visible names in an xattr:
+ * its real link count includes the index entry and misses the lower
+ * names not copied up yet. The kernel's index=on keeps the same kind of
+ * count.
+ */
+int sfs_index_nlink_init(const char *tmp, nlink_t nlink)
+{
+	char path[PATH_MAX];
+	uint64_t val = nlink;
+
+	snprintf(path, sizeof(path), "/proc/self/fd/%d/%s", sfs->tmpfd, tmp);
+	if (setxattr(path, sfs->xattr_nlink, &val, sizeof(val), 0) < 0)
+		return -errno;
+	return 0;
+}
+
+/* Caller holds n->lock. */
+static int sfs_index_nlink_load(struct sfs_node *n)
+{
+	uint64_t val;
+	int ret;
+
+	if (n->index_nlink >= 0)
+		return 0;
+	ret = sfs_xattr_get(atomic_load(&n->upper), sfs->xattr_nlink, &val,
+			    sizeof(val));
+	if (ret != sizeof(val))
+		return ret < 0 ? ret : -EIO;
+	n->index_nlink = val;
+	return 0;
+}
+
+/* Adds to the count of visible names; returns the new count. */
+int sfs_index_nlink_add(struct sfs_node *n, int delta)
+{
+	uint64_t val;
+	int ret;
+
+	pthread_mutex_lock(&n->lock);
+	ret = sfs_index_nlink_load(n);
+	if (ret == 0) {
+		val = n->index_nlink + delta > 0 ? n->index_nlink + delta : 0;
+		ret = sfs_xattr_set(atomic_load(&n->upper), sfs->xattr_nlink,
+				    &val, sizeof(val), 0);
+		if (ret == 0) {
+			n->index_nlink = val;
+			ret = (int)val;
+		}
+	}
+	pthread_mutex_unlock(&n->lock);
+	return ret;
+}
+
+int sfs_node_datafd(struct sfs_node *n)
+{
+	int upper = atomic_load(&n->upper);
+
+	return upper >= 0 ? upper : n->lower[0].fd;
+}
+
+static bool sfs_node_is_merged_dir(struct sfs_node *n)
+{
+	return S_ISDIR(n->type) && (atomic_load(&n->upper) >= 0) + n->nlower > 1;
+}
+
+int sfs_node_stat(struct sfs_node *n, struct stat *st)
+{
+	int ret = sfs_fstat(sfs_node_datafd(n), st);
+
+	if (ret < 0)
+		return ret;
+	st->st_ino = n->ino;
+	if (sfs_node_is_merged_dir(n)) {
+		int64_t subdirs;
+
+		/* Counted once, then kept up to date by dir.c. */
+		pthread_mutex_lock(&n->lock);
+		subdirs = n->subdirs;
+		pthread_mutex_unlock(&n->lock);
+		if (subdirs < 0) {
+			ret = sfs_dir_count_subdirs(n, &subdirs);
+			if (ret < 0)
+				return ret;
+			pthread_mutex_lock(&n->lock);
+			n->subdirs = subdirs;
+			pthread_mutex_unlock(&n->lock);
+		}
+		st->st_nlink = 2 + subdirs;
+	}
+	if (n->indexed) {
+		pthread_mutex_lock(&n->lock);
+		ret = sfs_index_nlink_load(n);
+		if (ret == 0)
+			st->st_nlink = n->index_nlink;
+		pthread_mutex_unlock(&n->lock);
+		if (ret < 0)
+			return ret;
+	}
+	if (n->unlinked)
+		st->st_nlink = 0;
+	return 0;
+}
+
+void sfs_op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct sfs_node *n = sfs_node_get(ino);
+	struct stat st;
+	int ret = sfs_node_stat(n, &st);
+
+	if (ret < 0)
+		sfs_reply_err(req, ret);
+	else
+		fuse_reply_attr(req, &st, sfs->timeout);
+}
+
+static int sfs_set_times(struct sfs_node *n, int fd, const struct stat *attr,
+			 int valid)
+{
+	struct timespec tv[2] = {
+		{ .tv_nsec = UTIME_OMIT }, { .tv_nsec = UTIME_OMIT }
+	};
+	char path[64];
+	int ret = 0;
+
+	if (valid & FUSE_SET_ATTR_ATIME_NOW)
+		tv[0].tv_nsec = UTIME_NOW;
+	else if (valid & FUSE_SET_ATTR_ATIME)
+		tv[0] = attr->st_atim;
+	if (valid & FUSE_SET_ATTR_MTIME_NOW)
+		tv[1].tv_nsec = UTIME_NOW;
+	else if (valid & FUSE_SET_ATTR_MTIME)
+		tv[1] = attr->st_mtim;
+
+	if (S_ISLNK(n->type)) {
+		/* /proc links cannot stand for a symlink: use its name. */
+		pthread_mutex_lock(&n->lock);
+		if (n->parent && utimensat(atomic_load(&n->parent->upper),
+					   n->name, tv,
+					   AT_SYMLINK_NOFOLLOW) < 0)
+			ret = -errno;
+		pthread_mutex_unlock(&n->lock);
+		return ret;
+	}
+	if (fd >= 0)
+		return futimens(fd, tv) < 0 ? -errno : 0;
+	sfs_proc_path(sfs_node_datafd(n), path, sizeof(path));
+	return utimensat(AT_FDCWD, path, tv, 0) < 0 ? -errno : 0;
+}
+
+static int sfs_truncate(struct sfs_node *n, int fd, off_t size)
+{
+	int tfd = fd, ret = 0;
+
+	if (tfd < 0) {
+		tfd = sfs_reopen(atomic_load(&n->upper), O_WRONLY);
+		if (tfd < 0)
+			return tfd;
+	}
+	if (ftruncate(tfd, size) < 0)
+		ret = -errno;
+	if (fd < 0)
+		close(tfd);
+	return ret;
+}
+
+void sfs_op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr,
+		    int valid, struct fuse_file_info *fi)
+{
+	struct sfs_node *n = sfs_node_get(ino);
+	struct sfs_file *f = fi ? (struct sfs_file *)(uintptr_t)fi->fh : NULL;
+	int fd = (f && f->upper) ? f->fd : -1;
+	char path[64];
+	struct stat st;
+	int upper, ret;
+
+	if (!sfs_has_upper()) {
+		fuse_reply_err(req, EROFS);
+		return;
+	}
+	/* Truncating to zero needs none of the old data. */
+	if ((valid & FUSE_SET_ATTR_SIZE) && attr->st_size == 0)
+		ret = sfs_copy_up_meta(n);
+	else
+		ret = sfs_copy_up(n);
+	if (ret < 0)
+		goto out_err;
+	upper = atomic_load(&n->upper);
+
+	if (valid & (FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID)) {
+		uid_t uid = (valid & FUSE_SET_ATTR_UID) ? attr->st_uid : (uid_t)-1;
+		gid_t gid = (valid & FUSE_SET_ATTR_GID) ? attr->st_gid : (gid_t)-1;
+
+		if (fchownat(upper, "", uid, gid,
+			     AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) < 0) {
+			ret = -errno;
+			goto out_err;
+		}
+	}
+	if (valid & FUSE_SET_ATTR_MODE) {
+		if (S_ISLNK(n->type)) {
+			ret = -EOPNOTSUPP;
+			goto out_err;
+		}
+		sfs_proc_path(upper, path, sizeof(path));
+		if ((fd >= 0 ? fchmod(fd, attr->st_mode) :
+			       chmod(path, attr->st_mode)) < 0) {
+			ret = -errno;
+			goto out_err;
+		}
+	}
+	if (valid & FUSE_SET_ATTR_SIZE) {
+		ret = sfs_truncate(n, fd, attr->st_size);
+		if (ret < 0)
+			goto out_err;
+	}
+	if (valid & (FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_MTIME |
+		     FUSE_SET_ATTR_ATIME_NOW | FUSE_SET_ATTR_MTIME_NOW)) {
+		ret = sfs_set_times(n, fd, attr, valid);
+		if (ret < 0)
+			goto out_err;
+	}
+	ret = sfs_node_stat(n, &st);
+	if (ret < 0)
+		goto out_err;
+	fuse_reply_attr(req, &st, sfs->timeout);
+	return;
+
+out_err:
+	sfs_reply_err(req, ret);
+}
+
+void sfs_op_readlink(fuse_req_t req, fuse_ino_t ino)
+{
+	struct sfs_node *n = sfs_node_get(ino);
+	char buf[PATH_MAX + 1];
+	ssize_t len;
+
+	len = readlinkat(sfs_node_datafd(n), "", buf, sizeof(buf));
+	if (len < 0) {
+		fuse_reply_err(req, errno);
+		return;
+	}
+	if ((size_t)len >= sizeof(buf)) {
+		fuse_reply_err(req, ENAMETOOLONG);
+		return;
+	}
+	buf[len] = '\0';
+	fuse_reply_readlink(req, buf);
+}
+
+void sfs_op_statfs(fuse_req_t req, fuse_ino_t ino)
+{
+	struct statvfs sv;
+	int fd = sfs_has_upper() ? sfs->upper.fd : sfs->lower[0].fd;
+
+	if (fstatvfs(fd, &sv) < 0)
+		fuse_reply_err(req, errno);
+	else
+		fuse_reply_statfs(req, &sv);
+}
+
+void sfs_op_forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup)
+{
+	sfs_node_put(sfs_node_get(ino), nlookup, 0);
+	fuse_reply_none(req);
+}
+
+void sfs_op_forget_multi(fuse_req_t req, size_t count,
+			 struct fuse_forget_data *forgets)
+{
+	for (size_t i = 0; i < count; i++)
+		sfs_node_put(sfs_node_get(forgets[i].ino), forgets[i].nlookup,
+			     0);
+	fuse_reply_none(req);
+}

@@ -1,0 +1,194 @@
+/*
+ * Mount options, in the kernel overlayfs syntax:
+ *   stratafs [-f] [-d] -o lowerdir=L1:L2,upperdir=U,workdir=W[,opts] MNT
+ * and mount.fuse3's calling form, stratafs SOURCE MNT -o OPTS.
+ * Options that are not ours pass through to libfuse, which refuses the
+ * ones it does not know either.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "stratafs.h"
+
+enum {
+	KEY_HELP,
+	KEY_VERSION,
+	KEY_FOREGROUND,
+	KEY_DEBUG,
+};
+
+#define SFS_OPT(t, f) { t, offsetof(struct sfs_params, f), 1 }
+
+static const struct fuse_opt sfs_opt_spec[] = {
+	{ "lowerdir=%s", offsetof(struct sfs_params, lowerdir), 0 },
+	{ "upperdir=%s", offsetof(struct sfs_params, upperdir), 0 },
+	{ "workdir=%s", offsetof(struct sfs_params, workdir), 0 },
+	SFS_OPT("userxattr", userxattr),
+	FUSE_OPT_KEY("-h", KEY_HELP),
+	FUSE_OPT_KEY("--help", KEY_HELP),
+	FUSE_OPT_KEY("-V", KEY_VERSION),
+	FUSE_OPT_KEY("--version", KEY_VERSION),
+	FUSE_OPT_KEY("-f", KEY_FOREGROUND),
+	FUSE_OPT_KEY("-d", KEY_DEBUG),
+	FUSE_OPT_KEY("debug", KEY_DEBUG),
+	FUSE_OPT_END
+};
+
+static int sfs_opt_proc(void *data, const char *arg, int key,
+			struct fuse_args *outargs)
+{
+	struct sfs_params *p = data;
+
+	switch (key) {
+	case KEY_HELP:
+		p->show_help = true;
+		return 0;
+	case KEY_VERSION:
+		p->show_version = true;
+		return 0;
+	case KEY_FOREGROUND:
+		p->foreground = true;
+		return 0;
+	case KEY_DEBUG:
+		/* -d implies -f, as for every libfuse file system. */
+		p->debug = true;
+		p->foreground = true;
+		return 1;
+	case FUSE_OPT_KEY_NONOPT:
+		if (!p->mountpoint) {
+			p->mountpoint = strdup(arg);
+			return p->mountpoint ? 0 : -1;
+		}
+		if (!p->source) {
+			/* mount.fuse3 form: the first was the source */
+			p->source = p->mountpoint;
+			p->mountpoint = strdup(arg);
+			return p->mountpoint ? 0 : -1;
+		}
+		fprintf(stderr, "stratafs: unexpected argument '%s'\n", arg);
+		return -1;
+	default:
+		return 1;
+	}
+}
+
+int sfs_params_parse(struct fuse_args *args, struct sfs_params *p)
+{
+	memset(p, 0, sizeof(*p));
+	if (fuse_opt_parse(args, p, sfs_opt_spec, sfs_opt_proc) < 0)
+		return -EINVAL;
+	if (p->show_help || p->show_version)
+		return 0;
+	if (!p->mountpoint) {
+		fprintf(stderr, "stratafs: no mountpoint given\n");
+		return -EINVAL;
+	}
+	if (!p->lowerdir || !*p->lowerdir) {
+		fprintf(stderr, "stratafs: missing option lowerdir=\n");
+		return -EINVAL;
+	}
+	if (!p->upperdir != !p->workdir) {
+		fprintf(stderr,
+			"stratafs: upperdir= and workdir= go together\n");
+		return -EINVAL;
+	}
+	return 0;
+}
+
+void sfs_params_free(struct sfs_params *p)
+{
+	free(p->lowerdir);
+	free(p->upperdir);
+	free(p->workdir);
+	free(p->source);
+	free(p->mountpoint);
+}
+
+void sfs_strv_free(char **v, int count)
+{
+	for (int i = 0; i < count; i++)
+		free(v[i]);
+	free(v);
+}
+
+/*
+ * Splits "L1:L2:L3" into layers, top first. "\:" stands for a colon in a
+ * path and "\\" for a backslash, as in the kernel's lowerdir syntax. An
+ * empty layer is an error, not a silent skip: "a::b" is a typo.
+ */
+int sfs_split_lowerdir(const char *spec, char ***out, int *count)
+{
+	size_t len = strlen(spec);
+	char **v = NULL;
+	char *cur = NULL;
+	size_t curlen = 0;
+	int n = 0, ret = -ENOMEM;
+
+	cur = malloc(len + 1);
+	v = calloc(len / 2 + 2, sizeof(*v));
+	if (!cur || !v)
+		goto out_err;
+	for (size_t i = 0; i <= len; i++) {
+		char c = spec[i];
+
+		if (c == '\\' && i + 1 < len &&
+		    (spec[i + 1] == ':' || spec[i + 1] == '\\')) {
+			cur[curlen++] = spec[++i];
+			continue;
+		}
+		if (c != ':' && c != '\0') {
+			cur[curlen++] = c;
+			continue;
+		}
+		if (curlen == 0) {
+			ret = -EINVAL;
+			goto out_err;
+		}
+		if (n == SFS_MAX_LOWERS) {
+			ret = -E2BIG;
+			goto out_err;
+		}
+		cur[curlen] = '\0';
+		v[n] = strdup(cur);
+		if (!v[n])
+			goto out_err;
+		n++;
+		curlen = 0;
+	}
+	free(cur);
+	*out = v;
+	*count = n;
+	return 0;
+
+out_err:
+	free(cur);
+	if (v)
+		sfs_strv_free(v, n);
+	return ret;
+}
+
+void sfs_usage(const char *prog)
+{
+	printf("usage: %s [-f] [-d] -o lowerdir=L1[:L2...][,upperdir=U,workdir=W][,opts] MOUNTPOINT\n"
+	       "       %s SOURCE MOUNTPOINT -o OPTS   (mount.fuse3 form)\n"
+	       "\n"
+	       "Merges read-only lower layers (listed top first) and a writable\n"
+	       "upper layer into one view at MOUNTPOINT, in the kernel overlayfs\n"
+	       "on-disk format.\n"
+	       "\n"
+	       "options:\n"
+	       "    -o lowerdir=L1:L2   lower layers, top first; \\: escapes a colon\n"
+	       "    -o upperdir=DIR     writable layer (omit for a read-only view)\n"
+	       "    -o workdir=DIR      scratch dir on the upper's filesystem\n"
+	       "    -o userxattr        keep markers in user.overlay.* xattrs\n"
+	       "    -o allow_other      let other users into the mount\n"
+	       "    -f                  stay in the foreground\n"
+	       "    -d                  debug output (implies -f)\n"
+	       "    -h, --help          this text\n"
+	       "    -V, --version       print the version\n",
+	       prog, prog);
+}

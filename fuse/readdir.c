@@ -1,0 +1,447 @@
+/*
+ * The merged listing: the upper directory, then each lower one, each
+ * name once (the topmost wins), whiteouts and their names left out, the
+ * OCI ".wh." markers too. d_ino is computed exactly as lookup computes
+ * st_ino, so `ls -i` and `stat` agree.
+ *
+ * An open directory lists once and serves from that snapshot; a rewind
+ * (offset 0) lists again, as POSIX wants rewinddir to.
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "stratafs.h"
+
+#define WH_OPAQUE_NAME ".wh..wh..opq"
+
+/* An open-addressing set of names, for dedup across layers. */
+struct sfs_nameset {
+	char **slots;
+	size_t size, count;
+};
+
+static uint64_t sfs_name_hash(const char *s)
+{
+	uint64_t h = 0xcbf29ce484222325ULL;
+
+	for (; *s; s++)
+		h = (h ^ (unsigned char)*s) * 0x100000001b3ULL;
+	return h;
+}
+
+/* 1 when added, 0 when it was there, <0 on error. Takes no ownership. */
+static int sfs_nameset_add(struct sfs_nameset *set, char *name)
+{
+	size_t i;
+
+	if ((set->count + 1) * 2 > set->size) {
+		size_t size = set->size ? set->size * 2 : 64;
+		char **slots = calloc(size, sizeof(*slots));
+
+		if (!slots)
+			return -ENOMEM;
+		for (size_t j = 0; j < set->size; j++) {
+			if (!set->slots[j])
+				continue;
+			i = sfs_name_hash(set->slots[j]) & (size - 1);
+			while (slots[i])
+				i = (i + 1) & (size - 1);
+			slots[i] = set->slots[j];
+		}
+		free(set->slots);
+		set->slots = slots;
+		set->size = size;
+	}
+	i = sfs_name_hash(name) & (set->size - 1);
+	for (; set->slots[i]; i = (i + 1) & (set->size - 1))
+		if (!strcmp(set->slots[i], name))
+			return 0;
+	set->slots[i] = name;
+	set->count++;
+	return 1;
+}
+
+struct sfs_lister {
+	struct sfs_nameset seen;
+	char **owned;		/* hidden names the set points into */
+	size_t nowned;
+	struct sfs_dirent *ents;
+	size_t count, cap;
+	bool want_ino;
+	bool impure;
+};
+
+static int sfs_lister_push(struct sfs_lister *l, const char *name,
+			   uint64_t ino, unsigned char type)
+{
+	char *dup;
+	int ret;
+
+	if (l->count == l->cap) {
+		size_t cap = l->cap ? l->cap * 2 : 32;
+		struct sfs_dirent *e = realloc(l->ents, cap * sizeof(*e));
+
+		if (!e)
+			return -ENOMEM;
+		l->ents = e;
+		l->cap = cap;
+	}
+	dup = strdup(name);
+	if (!dup)
+		return -ENOMEM;
+	ret = sfs_nameset_add(&l->seen, dup);
+	if (ret < 0) {
+		free(dup);
+		return ret;
+	}
+	l->ents[l->count++] = (struct sfs_dirent){ dup, ino, type };
+	return 0;
+}
+
+/* Remembers a name as hidden (whiteout) so deeper layers skip it. */
+static int sfs_lister_hide(struct sfs_lister *l, const char *name)
+{
+	char **owned = realloc(l->owned, (l->nowned + 1) * sizeof(*owned));
+	char *dup;
+	int ret;
+
+	if (!owned)
+		return -ENOMEM;
+	l->owned = owned;
+	dup = strdup(name);
+	if (!dup)
+		return -ENOMEM;
+	ret = sfs_nameset_add(&l->seen, dup);
+	if (ret <= 0) {
+		free(dup);
+		return ret;
+	}
+	l->owned[l->nowned++] = dup;
+	return 0;
+}
+
+static bool sfs_lister_has(struct sfs_lister *l, const char *name)
+{
+	size_t i;
+
+	if (!l->seen.size)
+		return false;
+	i = sfs_name_hash(name) & (l->seen.size - 1);
+	for (; l->seen.slots[i]; i = (i + 1) & (l->seen.size - 1))
+		if (!strcmp(l->seen.slots[i], name))
+			return true;
+	return false;
+}
+
+static void sfs_lister_free(struct sfs_lister *l)
+{
+	for (size_t i = 0; i < l->nowned; i++)
+		free(l->owned[i]);
+	free(l->owned);
+	free(l->seen.slots);
+}
+
+static uint64_t sfs_entry_ino(struct sfs_lister *l, int dirfd, int layer,
+			      const char *name, ino_t real)
+{
+	uint64_t ino;
+
+	if (layer == 0) {
+		if (l->impure && sfs_origin_get(dirfd, name, &ino) > 0)
+			return ino;
+		return sfs_ino_compose(sfs->upper.fsid, real);
+	}
+	return sfs_ino_compose(sfs->lower[layer - 1].fsid, real);
+}
+
+static int sfs_list_layer(struct sfs_lister *l, int fd, int layer)
+{
+	struct dirent *de;
+	DIR *d;
+	int dfd, ret = 0;
+
+	/* A descriptor of our own: the node's one has a shared offset. */
+	dfd = openat(fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (dfd < 0)
+		return -errno;
+	d = fdopendir(dfd);
+	if (!d) {
+		close(dfd);
+		return -errno;
+	}
+	while ((errno = 0, de = readdir(d))) {
+		const char *name = de->d_name;
+		unsigned char type = de->d_type;
+		struct stat st;
+
+		if (!strcmp(name, ".") || !strcmp(name, ".."))
+			continue;
+		if (layer > 0 && sfs_is_wh_name(name)) {
+			if (strcmp(name, WH_OPAQUE_NAME)) {
+				ret = sfs_lister_hide(l, name + 4);
+				if (ret < 0)
+					break;
+			}
+			continue;
+		}
+		if (sfs_lister_has(l, name))
+			continue;
+		if (type == DT_CHR || type == DT_UNKNOWN) {
+			if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+				if (errno == ENOENT)
+					continue;
+				ret = -errno;
+				break;
+			}
+			if (sfs_is_whiteout(&st)) {
+				ret = sfs_lister_hide(l, name);
+				if (ret < 0)
+					break;
+				continue;
+			}
+			type = IFTODT(st.st_mode);
+		}
+		ret = sfs_lister_push(l, name,
+				      l->want_ino ? sfs_entry_ino(l, dfd, layer,
+								  name, de->d_ino)
+						  : 0,
+				      type);
+		if (ret < 0)
+			break;
+	}
+	if (ret == 0 && errno)
+		ret = -errno;
+	closedir(d);
+	return ret;
+}
+
+/* Lists the merged directory; "." and ".." come first. */
+static int sfs_dir_list_mode(struct sfs_node *dir, bool want_ino,
+			     struct sfs_dirent **out, size_t *count)
+{
+	struct sfs_lister l = { .want_ino = want_ino };
+	int upper = atomic_load(&dir->upper);
+	int ret;
+
+	uint64_t parent_ino;
+
+	pthread_mutex_lock(&dir->lock);
+	l.impure = dir->impure;
+	/* d_ino 0 would make readdir(3) skip the entry */
+	parent_ino = dir->parent ? dir->parent->ino : dir->ino;
+	pthread_mutex_unlock(&dir->lock);
+	ret = sfs_lister_push(&l, ".", dir->ino, DT_DIR);
+	if (ret == 0)
+		ret = sfs_lister_push(&l, "..", parent_ino, DT_DIR);
+	if (ret == 0 && upper >= 0)
+		ret = sfs_list_layer(&l, upper, 0);
+	for (int i = 0; ret == 0 && i < dir->nlower; i++)
+		ret = sfs_list_layer(&l, dir->lower[i].fd, dir->lower[i].layer);
+	sfs_lister_free(&l);
+	if (ret < 0) {
+		sfs_dirents_free(l.ents, l.count);
+		return ret;
+	}
+	*out = l.ents;
+	*count = l.count;
+	return 0;
+}
+
+int sfs_dir_list(struct sfs_node *dir, struct sfs_dirent **out,
+		 size_t *count)
+{
+	return sfs_dir_list_mode(dir, true, out, count);
+}
+
+void sfs_dirents_free(struct sfs_dirent *ents, size_t count)
+{
+	for (size_t i = 0; i < count; i++)
+		free(ents[i].name);
+	free(ents);
+}
+
+int sfs_dir_count_subdirs(struct sfs_node *dir, int64_t *out)
+{
+	struct sfs_dirent *ents;
+	size_t count;
+	int64_t n = 0;
+	int ret = sfs_dir_list_mode(dir, false, &ents, &count);
+
+	if (ret < 0)
+		return ret;
+	for (size_t i = 2; i < count; i++)
+		n += ents[i].type == DT_DIR;
+	sfs_dirents_free(ents, count);
+	*out = n;
+	return 0;
+}
+
+int sfs_dir_check_empty(struct sfs_node *dir)
+{
+	struct sfs_dirent *ents;
+	size_t count;
+	int ret = sfs_dir_list_mode(dir, false, &ents, &count);
+
+	if (ret < 0)
+		return ret;
+	sfs_dirents_free(ents, count);
+	return count > 2 ? -ENOTEMPTY : 0;
+}
+
+void sfs_op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct sfs_node *n = sfs_node_get(ino);
+	struct sfs_dir *d = calloc(1, sizeof(*d));
+
+	if (!d) {
+		fuse_reply_err(req, ENOMEM);
+		return;
+	}
+	pthread_mutex_init(&d->lock, NULL);
+	sfs_node_ref(n);
+	d->node = n;
+	fi->fh = (uintptr_t)d;
+	if (fuse_reply_open(req, fi) != 0) {
+		sfs_node_unref(n);
+		pthread_mutex_destroy(&d->lock);
+		free(d);
+	}
+}
+
+static int sfs_dir_load(struct sfs_dir *d, off_t off)
+{
+	int ret;
+
+	if (d->loaded && off != 0)
+		return 0;
+	if (d->loaded) {
+		sfs_dirents_free(d->ents, d->count);
+		d->ents = NULL;
+		d->count = 0;
+		d->loaded = false;
+	}
+	ret = sfs_dir_list(d->node, &d->ents, &d->count);
+	if (ret < 0)
+		return ret;
+	d->loaded = true;
+	return 0;
+}
+
+/* One readdirplus entry: a full lookup, counted only if it fits. */
+static size_t sfs_add_plus(fuse_req_t req, struct sfs_dir *d, char *p,
+			   size_t rem, const struct sfs_dirent *de, off_t next,
+			   bool *skip)
+{
+	struct fuse_entry_param e;
+	struct sfs_node *n;
+	size_t len;
+
+	*skip = false;
+	if (!strcmp(de->name, ".") || !strcmp(de->name, "..")) {
+		memset(&e, 0, sizeof(e));
+		e.attr.st_ino = de->ino;
+		e.attr.st_mode = DTTOIF(de->type);
+		return fuse_add_direntry_plus(req, p, rem, de->name, &e, next);
+	}
+	if (sfs_lookup_node(d->node, de->name, &n) < 0) {
+		*skip = true;	/* gone since the listing */
+		return 0;
+	}
+	if (sfs_fill_entry(n, &e) < 0) {
+		sfs_node_unref(n);
+		*skip = true;
+		return 0;
+	}
+	len = fuse_add_direntry_plus(req, p, rem, de->name, &e, next);
+	if (len <= rem)
+		sfs_node_lookup_inc(n);
+	sfs_node_unref(n);
+	return len;
+}
+
+static void sfs_do_readdir(fuse_req_t req, size_t size, off_t off,
+			   struct fuse_file_info *fi, bool plus)
+{
+	struct sfs_dir *d = (struct sfs_dir *)(uintptr_t)fi->fh;
+	char *buf = malloc(size), *p;
+	size_t rem = size;
+	int ret;
+
+	if (!buf) {
+		fuse_reply_err(req, ENOMEM);
+		return;
+	}
+	pthread_mutex_lock(&d->lock);
+	ret = sfs_dir_load(d, off);
+	if (ret < 0) {
+		pthread_mutex_unlock(&d->lock);
+		free(buf);
+		sfs_reply_err(req, ret);
+		return;
+	}
+	p = buf;
+	for (size_t i = off; i < d->count; i++) {
+		const struct sfs_dirent *de = &d->ents[i];
+		struct stat st = { .st_ino = de->ino,
+				   .st_mode = DTTOIF(de->type) };
+		bool skip = false;
+		size_t len;
+
+		if (plus)
+			len = sfs_add_plus(req, d, p, rem, de, i + 1, &skip);
+		else
+			len = fuse_add_direntry(req, p, rem, de->name, &st,
+						i + 1);
+		if (skip)
+			continue;
+		if (len > rem)
+			break;
+		p += len;
+		rem -= len;
+	}
+	pthread_mutex_unlock(&d->lock);
+	fuse_reply_buf(req, buf, size - rem);
+	free(buf);
+}
+
+void sfs_op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+		    struct fuse_file_info *fi)
+{
+	sfs_do_readdir(req, size, off, fi, false);
+}
+
+void sfs_op_readdirplus(fuse_req_t req, fuse_ino_t ino, size_t size,
+			off_t off, struct fuse_file_info *fi)
+{
+	sfs_do_readdir(req, size, off, fi, true);
+}
+
+void sfs_op_releasedir(fuse_req_t req, fuse_ino_t ino,
+		       struct fuse_file_info *fi)
+{
+	struct sfs_dir *d = (struct sfs_dir *)(uintptr_t)fi->fh;
+
+	if (d->loaded)
+		sfs_dirents_free(d->ents, d->count);
+	sfs_node_unref(d->node);
+	pthread_mutex_destroy(&d->lock);
+	free(d);
+	fuse_reply_err(req, 0);
+}
+
+void sfs_op_fsyncdir(fuse_req_t req, fuse_ino_t ino, int datasync,
+		     struct fuse_file_info *fi)
+{
+	struct sfs_node *n = sfs_node_get(ino);
+	int upper = atomic_load(&n->upper);
+	int ret = 0;
+
+	if (upper >= 0 && (datasync ? fdatasync(upper) : fsync(upper)) < 0)
+		ret = -errno;
+	sfs_reply_err(req, ret);
+}

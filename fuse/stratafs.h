@@ -1,0 +1,326 @@
+/*
+ * stratafs internals: the union filesystem's structures and, grouped by
+ * the file that defines them, every function shared between files.
+ *
+ * A node is one inode of the merged view. It holds file descriptors on
+ * the real entries behind it (never paths, so depth is unlimited): the
+ * upper entry if there is one, and the lower stack (for a directory all
+ * the lower directories merged into it, for anything else the one lower
+ * entry that shows through).
+ */
+#ifndef STRATAFS_H
+#define STRATAFS_H
+
+#define FUSE_USE_VERSION 312
+
+#include <fuse_lowlevel.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+
+#include "strata.h"
+
+#define SFS_MAX_LOWERS 128
+/* Real inode numbers keep their low bits; the layer's filesystem goes above. */
+#define SFS_INO_FSID_SHIFT 56
+#define SFS_WORK_TMP "work"
+#define SFS_WORK_INDEX "strata-index"
+
+struct sfs_layer {
+	char *path;		/* as given, for messages */
+	int fd;			/* O_RDONLY|O_DIRECTORY on the layer root */
+	dev_t dev;
+	unsigned fsid;		/* index of dev among the layers' devices */
+};
+
+struct sfs_params {
+	char *lowerdir;		/* raw option, colon separated, \: escapes */
+	char *upperdir;
+	char *workdir;
+	/* ints, not bools: fuse_opt stores flag options as int */
+	int userxattr;
+	int foreground;
+	int debug;
+	int show_help;
+	int show_version;
+	char *source;		/* mount.fuse3's first positional argument */
+	char *mountpoint;
+};
+
+/* One entry of a lookup result: a real file in one layer. */
+struct sfs_entry {
+	int fd;			/* dir: O_RDONLY|O_DIRECTORY; else O_PATH */
+	int layer;		/* 0 upper, 1.. lowers top first */
+};
+
+struct sfs_node {
+	fuse_ino_t nodeid;	/* what the kernel calls it (the pointer) */
+	uint64_t ino;		/* st_ino we report: stable, unique */
+	struct sfs_node *hnext;	/* hash chain, under fs->table_lock */
+	uint64_t nlookup;	/* kernel references, under table_lock */
+	uint64_t refs;		/* our references, under table_lock */
+
+	pthread_mutex_t lock;	/* guards everything below */
+	struct sfs_node *parent;	/* referenced; NULL for root */
+	char *name;
+	mode_t type;		/* S_IFMT bits */
+	_Atomic int upper;	/* upper entry fd or -1 (atomic: read unlocked) */
+	int nlower;
+	struct sfs_entry *lower;	/* nlower entries, allocated */
+	char *redirect;		/* absolute lower path of a moved dir */
+	bool opaque;		/* dir: lower layers do not merge */
+	bool has_origin;	/* upper copy records the lower's inode number */
+	bool impure;		/* dir: upper holds entries with an origin */
+	bool indexed;		/* upper data lives in the hardlink index */
+	bool unlinked;		/* no name left in the view */
+	int64_t subdirs;	/* merged dir: cached subdir count, -1 unknown */
+	int64_t index_nlink;	/* indexed: visible names, -1 not loaded */
+};
+
+struct sfs_fs {
+	struct sfs_params params;
+	struct sfs_layer upper;	/* fd -1 when read-only */
+	int nlower;
+	struct sfs_layer lower[SFS_MAX_LOWERS];
+	int workfd;		/* the workdir, flock'ed while mounted */
+	int tmpfd;		/* workdir/work: temp entries for atomic moves */
+	int indexfd;		/* workdir/strata-index: lower hardlinks */
+	char xattr_prefix[32];	/* "trusted.overlay." or "user.overlay." */
+	char xattr_opaque[48];
+	char xattr_redirect[48];
+	char xattr_origin[48];	/* ours: the inode number kept over copy-up */
+	char xattr_impure[48];
+	char xattr_nlink[48];	/* ours: visible names of an indexed file */
+	bool rename_whiteout;	/* upper fs supports RENAME_WHITEOUT */
+	_Atomic uint64_t tmp_seq;
+
+	pthread_mutex_t table_lock;
+	struct sfs_node **table;
+	size_t table_size;
+	size_t table_count;
+	struct sfs_node root;
+
+	double timeout;		/* entry and attr timeout for the kernel */
+	struct fuse_session *se;
+};
+
+/* An open file. */
+struct sfs_file {
+	pthread_mutex_t lock;
+	int fd;
+	int oldfd;		/* the lower fd a copy-up replaced, or -1 */
+	bool upper;		/* fd is on the upper copy */
+	int flags;
+	struct sfs_node *node;	/* referenced */
+};
+
+/* An open directory: a snapshot of the merged listing. */
+struct sfs_dirent {
+	char *name;
+	uint64_t ino;
+	unsigned char type;	/* DT_* */
+};
+
+struct sfs_dir {
+	pthread_mutex_t lock;
+	struct sfs_node *node;	/* referenced */
+	struct sfs_dirent *ents;
+	size_t count;
+	bool loaded;
+};
+
+/* A lookup's result before it becomes a node. */
+struct sfs_found {
+	mode_t type;
+	struct stat st;		/* of the topmost entry */
+	int upper;		/* fd or -1 */
+	int nlower;
+	struct sfs_entry lower[SFS_MAX_LOWERS];
+	char *redirect;
+	bool opaque;
+	bool indexed;		/* upper is the hardlink index's copy */
+	bool has_origin;
+	bool impure;		/* upper dir holds entries with an origin */
+};
+
+extern struct sfs_fs *sfs;
+
+static inline bool sfs_has_upper(void)
+{
+	return sfs->upper.fd >= 0;
+}
+
+/* params.c */
+int sfs_params_parse(struct fuse_args *args, struct sfs_params *p);
+void sfs_params_free(struct sfs_params *p);
+int sfs_split_lowerdir(const char *spec, char ***out, int *count);
+void sfs_strv_free(char **v, int count);
+void sfs_usage(const char *prog);
+
+/* super.c */
+int sfs_setup(struct sfs_fs *fs);
+void sfs_teardown(struct sfs_fs *fs);
+extern const struct fuse_lowlevel_ops sfs_ops;
+
+/* namei.c */
+int sfs_lookup_name(struct sfs_node *dir, const char *name,
+		    struct sfs_found *f);
+int sfs_lower_positive(struct sfs_node *dir, const char *name);
+void sfs_found_release(struct sfs_found *f);
+int sfs_lookup_node(struct sfs_node *dir, const char *name,
+		    struct sfs_node **out);
+int sfs_fill_entry(struct sfs_node *n, struct fuse_entry_param *e);
+int sfs_entry_reply(fuse_req_t req, struct sfs_node *n);
+void sfs_op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name);
+
+/* inode.c */
+int sfs_table_init(struct sfs_fs *fs);
+void sfs_table_destroy(struct sfs_fs *fs);
+struct sfs_node *sfs_node_get(fuse_ino_t nodeid);
+struct sfs_node *sfs_node_from_found(struct sfs_node *parent,
+				     const char *name, struct sfs_found *f,
+				     uint64_t ino, int *err);
+void sfs_node_ref(struct sfs_node *n);
+void sfs_node_unref(struct sfs_node *n);
+void sfs_node_lookup_inc(struct sfs_node *n);
+void sfs_node_lookup_dec(struct sfs_node *n);
+int sfs_node_datafd(struct sfs_node *n);
+int sfs_node_stat(struct sfs_node *n, struct stat *st);
+int sfs_node_set_name(struct sfs_node *n, struct sfs_node *parent,
+		      const char *name);
+void sfs_node_dir_changed(struct sfs_node *dir, int subdir_delta);
+uint64_t sfs_ino_compose(unsigned fsid, ino_t ino);
+int sfs_index_nlink_init(const char *tmp, nlink_t nlink);
+int sfs_index_nlink_add(struct sfs_node *n, int delta);
+void sfs_op_forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup);
+void sfs_op_forget_multi(fuse_req_t req, size_t count,
+			 struct fuse_forget_data *forgets);
+void sfs_op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
+void sfs_op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr,
+		    int valid, struct fuse_file_info *fi);
+void sfs_op_readlink(fuse_req_t req, fuse_ino_t ino);
+void sfs_op_statfs(fuse_req_t req, fuse_ino_t ino);
+
+/* dir.c */
+void sfs_op_mknod(fuse_req_t req, fuse_ino_t parent, const char *name,
+		  mode_t mode, dev_t rdev);
+void sfs_op_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name,
+		  mode_t mode);
+void sfs_op_symlink(fuse_req_t req, const char *link, fuse_ino_t parent,
+		    const char *name);
+void sfs_op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent,
+		 const char *newname);
+void sfs_op_unlink(fuse_req_t req, fuse_ino_t parent, const char *name);
+void sfs_op_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name);
+void sfs_op_rename(fuse_req_t req, fuse_ino_t parent, const char *name,
+		   fuse_ino_t newparent, const char *newname,
+		   unsigned int flags);
+void sfs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name,
+		   mode_t mode, struct fuse_file_info *fi);
+int sfs_create_entry(fuse_req_t req, struct sfs_node *dir, const char *name,
+		     mode_t mode, dev_t rdev, const char *link,
+		     struct sfs_node **out);
+
+/* readdir.c */
+int sfs_dir_list(struct sfs_node *dir, struct sfs_dirent **out,
+		 size_t *count);
+void sfs_dirents_free(struct sfs_dirent *ents, size_t count);
+int sfs_dir_count_subdirs(struct sfs_node *dir, int64_t *out);
+int sfs_dir_check_empty(struct sfs_node *dir);
+void sfs_op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
+void sfs_op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+		    struct fuse_file_info *fi);
+void sfs_op_readdirplus(fuse_req_t req, fuse_ino_t ino, size_t size,
+			off_t off, struct fuse_file_info *fi);
+void sfs_op_releasedir(fuse_req_t req, fuse_ino_t ino,
+		       struct fuse_file_info *fi);
+void sfs_op_fsyncdir(fuse_req_t req, fuse_ino_t ino, int datasync,
+		     struct fuse_file_info *fi);
+
+/* copy_up.c */
+int sfs_copy_up(struct sfs_node *n);
+int sfs_copy_up_meta(struct sfs_node *n);
+int sfs_copy_up_name(struct sfs_node *dir, const char *name,
+		     struct sfs_node *n);
+
+/* file.c */
+void sfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
+void sfs_op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+		 struct fuse_file_info *fi);
+void sfs_op_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *buf,
+		      off_t off, struct fuse_file_info *fi);
+void sfs_op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
+void sfs_op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
+void sfs_op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync,
+		  struct fuse_file_info *fi);
+void sfs_op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t offset,
+		      off_t length, struct fuse_file_info *fi);
+void sfs_op_lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence,
+		  struct fuse_file_info *fi);
+void sfs_op_copy_file_range(fuse_req_t req, fuse_ino_t ino_in, off_t off_in,
+			    struct fuse_file_info *fi_in, fuse_ino_t ino_out,
+			    off_t off_out, struct fuse_file_info *fi_out,
+			    size_t len, int flags);
+int sfs_file_open(struct sfs_node *n, int flags, struct sfs_file **out);
+void sfs_file_close(struct sfs_file *f);
+void sfs_file_set_cache(struct fuse_file_info *fi);
+
+/* xattr.c */
+bool sfs_xattr_is_private(const char *name);
+int sfs_xattr_get(int fd, const char *name, void *buf, size_t size);
+int sfs_xattr_set(int fd, const char *name, const void *val, size_t size,
+		  int flags);
+int sfs_xattr_copy(int from, int to);
+int sfs_origin_get(int dirfd, const char *name, uint64_t *ino);
+int sfs_origin_set(int dirfd, const char *name, uint64_t ino);
+void sfs_op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
+		     const char *value, size_t size, int flags);
+void sfs_op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
+		     size_t size);
+void sfs_op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size);
+void sfs_op_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name);
+
+/* whiteout.c */
+bool sfs_is_whiteout(const struct stat *st);
+bool sfs_is_wh_name(const char *name);
+int sfs_wh_name(const char *name, char *buf, size_t size);
+int sfs_dir_is_opaque(int dirfd, bool lower);
+int sfs_set_opaque(int dirfd);
+int sfs_dir_is_impure(int dirfd);
+int sfs_mark_impure(struct sfs_node *dir);
+int sfs_get_redirect(int dirfd, char **out);
+int sfs_set_redirect(int dirfd, const char *path);
+int sfs_whiteout_create(int dirfd, const char *name);
+int sfs_whiteout_replace(int dirfd, const char *name);
+int sfs_tmp_name(char *buf, size_t size);
+int sfs_tmp_remove(const char *name);
+int sfs_probe_rename_whiteout(int tmpfd);
+
+/* io.c: all file data moves through here */
+void sfs_io_read(fuse_req_t req, int fd, size_t size, off_t off);
+void sfs_io_write(fuse_req_t req, int fd, struct fuse_bufvec *in, off_t off);
+void sfs_io_copy_file(fuse_req_t req, int in, off_t off_in, int out,
+		      off_t off_out, size_t len, int flags);
+int sfs_io_copy_range(int in, int out, off_t off, size_t len);
+ssize_t sfs_io_pread(int fd, void *buf, size_t len, off_t off);
+ssize_t sfs_io_pwrite(int fd, const void *buf, size_t len, off_t off);
+
+/* util.c */
+int sfs_proc_path(int fd, char *buf, size_t size);
+int sfs_reopen(int fd, int flags);
+int sfs_fstat(int fd, struct stat *st);
+int sfs_open_entry(int dirfd, const char *name, mode_t type);
+int sfs_rename(int olddir, const char *old, int newdir, const char *new,
+	       unsigned int flags);
+int sfs_unlinkat(int dirfd, const char *name, int flags);
+int sfs_rmtree_at(int dirfd, const char *name);
+int sfs_errno(int ret);
+void sfs_reply_err(fuse_req_t req, int ret);
+int sfs_set_owner(int dirfd, const char *name, uid_t uid, gid_t gid);
+void sfs_req_owner(fuse_req_t req, struct sfs_node *dir, mode_t *mode,
+		   uid_t *uid, gid_t *gid);
+
+#endif

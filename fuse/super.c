@@ -1,0 +1,360 @@
+/*
+ * The file system as a whole: layers and their checks, the workdir and
+ * its lock, the root node, FUSE connection settings, statfs and the
+ * operations table.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/xattr.h>
+#include <unistd.h>
+
+#include "stratafs.h"
+
+struct sfs_fs *sfs;
+
+static int sfs_open_layer(struct sfs_layer *l, const char *path,
+			  const char *what)
+{
+	struct stat st;
+
+	l->fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (l->fd < 0) {
+		int ret = -errno;
+
+		fprintf(stderr, "stratafs: %s '%s': %s\n", what, path,
+			strerror(errno));
+		return ret;
+	}
+	if (fstat(l->fd, &st) < 0)
+		return -errno;
+	l->dev = st.st_dev;
+	l->path = strdup(path);
+	return l->path ? 0 : -ENOMEM;
+}
+
+/* 1 when one path is the other or lies below it. */
+static int sfs_paths_overlap(const char *a, const char *b)
+{
+	size_t la = strlen(a), lb = strlen(b);
+	size_t l = la < lb ? la : lb;
+
+	if (strncmp(a, b, l))
+		return 0;
+	if (la == lb)
+		return 1;
+	/* "/" contains everything; otherwise the next char must be '/'. */
+	if (l == 1 && a[0] == '/')
+		return 1;
+	return (la > lb ? a[l] : b[l]) == '/';
+}
+
+/*
+ * A layer at, in or above the mountpoint would make the daemon serve
+ * itself (fuse-overlayfs hangs there); upper and work nested in each
+ * other, or in a lower, would corrupt what the view shows.
+ */
+static int sfs_check_overlap(struct sfs_fs *fs, char **paths, char **names,
+			     int count)
+{
+	char *mnt = realpath(fs->params.mountpoint, NULL);
+	char *real[SFS_MAX_LOWERS + 2];
+	int ret = 0;
+
+	if (!mnt) {
+		ret = -errno;
+		fprintf(stderr, "stratafs: mountpoint '%s': %s\n",
+			fs->params.mountpoint, strerror(errno));
+		return ret;
+	}
+	for (int i = 0; i < count; i++)
+		real[i] = realpath(paths[i], NULL);
+	for (int i = 0; i < count && !ret; i++) {
+		if (!real[i])
+			continue;
+		if (sfs_paths_overlap(real[i], mnt)) {
+			fprintf(stderr,
+				"stratafs: %s '%s' overlaps the mountpoint '%s'\n",
+				names[i], paths[i], fs->params.mountpoint);
+			ret = -ELOOP;
+			break;
+		}
+		for (int j = 0; j < i && !ret; j++) {
+			/* lower layers may share trees with each other */
+			if (!real[j] || (!strcmp(names[i], "lowerdir") &&
+					 !strcmp(names[j], "lowerdir")))
+				continue;
+			if (sfs_paths_overlap(real[i], real[j])) {
+				fprintf(stderr,
+					"stratafs: %s '%s' and %s '%s' overlap\n",
+					names[j], paths[j], names[i], paths[i]);
+				ret = -ELOOP;
+			}
+		}
+	}
+	for (int i = 0; i < count; i++)
+		free(real[i]);
+	free(mnt);
+	return ret;
+}
+
+static unsigned sfs_fsid(struct sfs_fs *fs, dev_t dev, dev_t *devs,
+			 unsigned *ndevs)
+{
+	for (unsigned i = 0; i < *ndevs; i++)
+		if (devs[i] == dev)
+			return i;
+	devs[*ndevs] = dev;
+	return (*ndevs)++;
+}
+
+/* Clears what a crash left in workdir/work and opens the scratch dirs. */
+static int sfs_setup_work(struct sfs_fs *fs)
+{
+	int ret;
+
+	if (flock(fs->workfd, LOCK_EX | LOCK_NB) < 0) {
+		fprintf(stderr,
+			"stratafs: workdir '%s' is in use by another mount\n",
+			fs->params.workdir);
+		return -EBUSY;
+	}
+	ret = sfs_rmtree_at(fs->workfd, SFS_WORK_TMP);
+	if (ret < 0 && ret != -ENOENT)
+		goto out_err;
+	if (mkdirat(fs->workfd, SFS_WORK_TMP, 0700) < 0 ||
+	    (mkdirat(fs->workfd, SFS_WORK_INDEX, 0700) < 0 && errno != EEXIST)) {
+		ret = -errno;
+		goto out_err;
+	}
+	fs->tmpfd = openat(fs->workfd, SFS_WORK_TMP,
+			   O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	fs->indexfd = openat(fs->workfd, SFS_WORK_INDEX,
+			     O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fs->tmpfd < 0 || fs->indexfd < 0) {
+		ret = -errno;
+		goto out_err;
+	}
+	/* The markers live in xattrs: refuse an upper that cannot hold them. */
+	if (fsetxattr(fs->tmpfd, fs->xattr_opaque, "y", 1, 0) < 0) {
+		ret = -errno;
+		fprintf(stderr,
+			"stratafs: workdir '%s' cannot hold %s xattrs: %s%s\n",
+			fs->params.workdir, fs->xattr_prefix, strerror(errno),
+			fs->params.userxattr ? "" : " (try -o userxattr)");
+		return ret;
+	}
+	ret = sfs_probe_rename_whiteout(fs->tmpfd);
+	if (ret < 0)
+		goto out_err;
+	fs->rename_whiteout = ret;
+	return 0;
+
+out_err:
+	fprintf(stderr, "stratafs: workdir '%s': %s\n", fs->params.workdir,
+		strerror(-ret));
+	return ret;
+}
+
+static int sfs_setup_root(struct sfs_fs *fs)
+{
+	struct sfs_node *r = &fs->root;
+	struct stat st;
+	int top;
+
+	pthread_mutex_init(&r->lock, NULL);
+	r->nodeid = FUSE_ROOT_ID;
+	r->type = S_IFDIR;
+	r->subdirs = -1;
+	r->nlookup = 1;
+	atomic_init(&r->upper, -1);
+	r->name = strdup("");
+	r->lower = calloc(fs->nlower, sizeof(*r->lower));
+	if (!r->name || !r->lower)
+		return -ENOMEM;
+	if (sfs_has_upper()) {
+		int fd = dup(fs->upper.fd);
+
+		if (fd < 0)
+			return -errno;
+		atomic_store(&r->upper, fd);
+		r->impure = sfs_dir_is_impure(fd) > 0;
+	}
+	for (int i = 0; i < fs->nlower; i++) {
+		r->lower[i].fd = dup(fs->lower[i].fd);
+		r->lower[i].layer = i + 1;
+		if (r->lower[i].fd < 0)
+			return -errno;
+		r->nlower++;
+	}
+	top = sfs_has_upper() ? fs->upper.fd : fs->lower[0].fd;
+	if (fstat(top, &st) < 0)
+		return -errno;
+	r->ino = sfs_ino_compose(sfs_has_upper() ? fs->upper.fsid :
+						   fs->lower[0].fsid,
+				 st.st_ino);
+	return 0;
+}
+
+static void sfs_setup_xattr_names(struct sfs_fs *fs)
+{
+	const char *p = fs->params.userxattr ? "user.overlay." :
+					       "trusted.overlay.";
+
+	snprintf(fs->xattr_prefix, sizeof(fs->xattr_prefix), "%s", p);
+	snprintf(fs->xattr_opaque, sizeof(fs->xattr_opaque), "%sopaque", p);
+	snprintf(fs->xattr_redirect, sizeof(fs->xattr_redirect), "%sredirect",
+		 p);
+	snprintf(fs->xattr_impure, sizeof(fs->xattr_impure), "%simpure", p);
+	snprintf(fs->xattr_origin, sizeof(fs->xattr_origin), "%sstrata.ino",
+		 p);
+	snprintf(fs->xattr_nlink, sizeof(fs->xattr_nlink), "%sstrata.nlink",
+		 p);
+}
+
+int sfs_setup(struct sfs_fs *fs)
+{
+	char *paths[SFS_MAX_LOWERS + 2], *names[SFS_MAX_LOWERS + 2];
+	dev_t devs[SFS_MAX_LOWERS + 1];
+	unsigned ndevs = 0;
+	char **lowers = NULL;
+	int nlowers = 0, count = 0, ret;
+
+	sfs = fs;
+	fs->upper.fd = fs->workfd = fs->tmpfd = fs->indexfd = -1;
+	fs->timeout = 1.0;
+	sfs_setup_xattr_names(fs);
+
+	ret = sfs_split_lowerdir(fs->params.lowerdir, &lowers, &nlowers);
+	if (ret < 0) {
+		fprintf(stderr, "stratafs: lowerdir '%s': %s\n",
+			fs->params.lowerdir,
+			ret == -E2BIG ? "too many layers" : "empty layer name");
+		return ret;
+	}
+	for (int i = 0; i < nlowers; i++) {
+		paths[count] = lowers[i];
+		names[count++] = "lowerdir";
+	}
+	if (fs->params.upperdir) {
+		paths[count] = fs->params.upperdir;
+		names[count++] = "upperdir";
+		paths[count] = fs->params.workdir;
+		names[count++] = "workdir";
+	}
+	ret = sfs_check_overlap(fs, paths, names, count);
+	if (ret < 0)
+		goto out;
+
+	for (int i = 0; i < nlowers; i++) {
+		ret = sfs_open_layer(&fs->lower[i], lowers[i], "lowerdir");
+		if (ret < 0)
+			goto out;
+		fs->nlower++;
+	}
+	if (fs->params.upperdir) {
+		struct sfs_layer work = { .fd = -1 };
+
+		ret = sfs_open_layer(&fs->upper, fs->params.upperdir,
+				     "upperdir");
+		if (ret == 0)
+			ret = sfs_open_layer(&work, fs->params.workdir,
+					     "workdir");
+		fs->workfd = work.fd;
+		free(work.path);
+		if (ret < 0)
+			goto out;
+		if (work.dev != fs->upper.dev) {
+			fprintf(stderr,
+				"stratafs: upperdir '%s' and workdir '%s' are on different filesystems\n",
+				fs->params.upperdir, fs->params.workdir);
+			ret = -EXDEV;
+			goto out;
+		}
+		ret = sfs_setup_work(fs);
+		if (ret < 0)
+			goto out;
+		fs->upper.fsid = sfs_fsid(fs, fs->upper.dev, devs, &ndevs);
+	}
+	for (int i = 0; i < fs->nlower; i++)
+		fs->lower[i].fsid = sfs_fsid(fs, fs->lower[i].dev, devs, &ndevs);
+
+	ret = sfs_table_init(fs);
+	if (ret == 0)
+		ret = sfs_setup_root(fs);
+out:
+	sfs_strv_free(lowers, nlowers);
+	return ret;
+}
+
+void sfs_teardown(struct sfs_fs *fs)
+{
+	if (fs->table)
+		sfs_table_destroy(fs);
+	for (int i = 0; i < fs->nlower; i++) {
+		close(fs->lower[i].fd);
+		free(fs->lower[i].path);
+	}
+	if (fs->upper.fd >= 0)
+		close(fs->upper.fd);
+	free(fs->upper.path);
+	if (fs->tmpfd >= 0)
+		close(fs->tmpfd);
+	if (fs->indexfd >= 0)
+		close(fs->indexfd);
+	if (fs->workfd >= 0)
+		close(fs->workfd);
+}
+
+static void sfs_op_init(void *userdata, struct fuse_conn_info *conn)
+{
+	/* The largest requests libfuse 3.14 can take: fewer round trips. */
+	conn->max_write = 1 << 20;
+	conn->max_readahead = 1 << 20;
+	if (conn->capable & FUSE_CAP_SPLICE_WRITE)
+		conn->want |= FUSE_CAP_SPLICE_WRITE;
+	if (conn->capable & FUSE_CAP_SPLICE_READ)
+		conn->want |= FUSE_CAP_SPLICE_READ;
+}
+
+const struct fuse_lowlevel_ops sfs_ops = {
+	.init = sfs_op_init,
+	.lookup = sfs_op_lookup,
+	.forget = sfs_op_forget,
+	.forget_multi = sfs_op_forget_multi,
+	.getattr = sfs_op_getattr,
+	.setattr = sfs_op_setattr,
+	.readlink = sfs_op_readlink,
+	.mknod = sfs_op_mknod,
+	.mkdir = sfs_op_mkdir,
+	.symlink = sfs_op_symlink,
+	.link = sfs_op_link,
+	.unlink = sfs_op_unlink,
+	.rmdir = sfs_op_rmdir,
+	.rename = sfs_op_rename,
+	.create = sfs_op_create,
+	.open = sfs_op_open,
+	.read = sfs_op_read,
+	.write_buf = sfs_op_write_buf,
+	.flush = sfs_op_flush,
+	.release = sfs_op_release,
+	.fsync = sfs_op_fsync,
+	.fallocate = sfs_op_fallocate,
+	.lseek = sfs_op_lseek,
+	.copy_file_range = sfs_op_copy_file_range,
+	.opendir = sfs_op_opendir,
+	.readdir = sfs_op_readdir,
+	.readdirplus = sfs_op_readdirplus,
+	.releasedir = sfs_op_releasedir,
+	.fsyncdir = sfs_op_fsyncdir,
+	.statfs = sfs_op_statfs,
+	.setxattr = sfs_op_setxattr,
+	.getxattr = sfs_op_getxattr,
+	.listxattr = sfs_op_listxattr,
+	.removexattr = sfs_op_removexattr,
+};

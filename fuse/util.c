@@ -1,0 +1,140 @@
+/*
+ * Small helpers, and the traced wrappers through which every change to a
+ * real layer goes: one debug line per layer operation.
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "stratafs.h"
+
+/* O_PATH descriptors reach the inode's own operations through /proc. */
+int sfs_proc_path(int fd, char *buf, size_t size)
+{
+	int n = snprintf(buf, size, "/proc/self/fd/%d", fd);
+
+	return (n < 0 || (size_t)n >= size) ? -ENAMETOOLONG : 0;
+}
+
+int sfs_reopen(int fd, int flags)
+{
+	char path[64];
+	int ret;
+
+	sfs_proc_path(fd, path, sizeof(path));
+	ret = open(path, (flags & ~(O_CREAT | O_EXCL | O_NOCTTY)) |
+				 O_CLOEXEC);
+	return ret < 0 ? -errno : ret;
+}
+
+int sfs_fstat(int fd, struct stat *st)
+{
+	if (fstatat(fd, "", st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) < 0)
+		return -errno;
+	return 0;
+}
+
+/* Directories get real descriptors (xattrs and getdents need them). */
+int sfs_open_entry(int dirfd, const char *name, mode_t type)
+{
+	int flags = S_ISDIR(type) ? O_RDONLY | O_DIRECTORY : O_PATH;
+	int fd = openat(dirfd, name, flags | O_NOFOLLOW | O_CLOEXEC);
+
+	return fd < 0 ? -errno : fd;
+}
+
+int sfs_rename(int olddir, const char *old, int newdir, const char *new,
+	       unsigned int flags)
+{
+	strata_debug("rename %d/%s -> %d/%s flags %#x", olddir, old, newdir,
+		     new, flags);
+	if (renameat2(olddir, old, newdir, new, flags) < 0)
+		return -errno;
+	return 0;
+}
+
+int sfs_unlinkat(int dirfd, const char *name, int flags)
+{
+	strata_debug("unlink %d/%s flags %#x", dirfd, name, flags);
+	if (unlinkat(dirfd, name, flags) < 0)
+		return -errno;
+	return 0;
+}
+
+/*
+ * Removes a tree below dirfd. Used only on entries already moved into
+ * the workdir, so nothing visible is ever half-removed.
+ */
+int sfs_rmtree_at(int parent, const char *name)
+{
+	struct dirent *de;
+	DIR *d;
+	int fd, ret;
+
+	ret = sfs_unlinkat(parent, name, 0);
+	if (ret != -EISDIR)
+		return ret;
+	fd = openat(parent, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW |
+					 O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	d = fdopendir(fd);
+	if (!d) {
+		ret = -errno;
+		close(fd);
+		return ret;
+	}
+	ret = 0;
+	while ((de = readdir(d))) {
+		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+			continue;
+		ret = sfs_rmtree_at(dirfd(d), de->d_name);
+		if (ret < 0)
+			break;
+	}
+	closedir(d);
+	if (ret < 0)
+		return ret;
+	return sfs_unlinkat(parent, name, AT_REMOVEDIR);
+}
+
+int sfs_errno(int ret)
+{
+	return ret < 0 ? -ret : 0;
+}
+
+void sfs_reply_err(fuse_req_t req, int ret)
+{
+	fuse_reply_err(req, sfs_errno(ret));
+}
+
+int sfs_set_owner(int dirfd, const char *name, uid_t uid, gid_t gid)
+{
+	if (fchownat(dirfd, name, uid, gid, AT_SYMLINK_NOFOLLOW) < 0)
+		return -errno;
+	return 0;
+}
+
+/*
+ * The owner a new entry gets: the caller's fsuid, and the directory's
+ * group when the directory is setgid (which new subdirectories inherit).
+ */
+void sfs_req_owner(fuse_req_t req, struct sfs_node *dir, mode_t *mode,
+		   uid_t *uid, gid_t *gid)
+{
+	const struct fuse_ctx *ctx = fuse_req_ctx(req);
+	struct stat st;
+
+	*uid = ctx->uid;
+	*gid = ctx->gid;
+	if (sfs_node_stat(dir, &st) == 0 && (st.st_mode & S_ISGID)) {
+		*gid = st.st_gid;
+		if (S_ISDIR(*mode))
+			*mode |= S_ISGID;
+	}
+}
