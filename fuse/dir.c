@@ -232,7 +232,7 @@ void sfs_op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent,
 		fuse_reply_err(req, EROFS);
 		return;
 	}
-	ret = sfs_check_absent(dir, newname);
+	ret = n->unlinked ? -ENOENT : sfs_check_absent(dir, newname);
 	if (ret == 0)
 		ret = sfs_copy_up(n);
 	if (ret == 0)
@@ -266,10 +266,6 @@ void sfs_op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent,
 		goto out_err;
 	if (n->indexed)
 		sfs_index_nlink_add(n, 1);
-	pthread_mutex_lock(&n->lock);
-	if (n->unlinked)
-		sfs_node_set_name(n, dir, newname);
-	pthread_mutex_unlock(&n->lock);
 	sfs_entry_reply(req, n);
 	return;
 
@@ -309,9 +305,22 @@ static void sfs_node_removed(struct sfs_node *n)
 		gone = sfs_fstat(upper, &st) == 0 && st.st_nlink == 0;
 	else
 		gone = sfs_fstat(n->lower[0].fd, &st) == 0 && st.st_nlink <= 1;
+	if (gone)
+		sfs_node_unhash(n);
 	pthread_mutex_lock(&n->lock);
 	if (gone)
 		n->unlinked = true;
+	/*
+	 * Nothing can reach a removed file without an open handle, but the
+	 * kernel forgets it only later: release its blocks now, as kernel
+	 * overlayfs does, so `rm big; df` shows the space. The descriptor
+	 * number stays valid (on /dev/null) for any racing user.
+	 */
+	if (gone && S_ISREG(n->type) && upper >= 0 &&
+	    atomic_load(&n->nopen) == 0) {
+		n->stale = true;
+		dup3(sfs->nullfd, upper, O_CLOEXEC);
+	}
 	pthread_mutex_unlock(&n->lock);
 }
 

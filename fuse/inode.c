@@ -177,6 +177,18 @@ static void sfs_node_put(struct sfs_node *n, uint64_t nlookup, uint64_t refs)
 	}
 }
 
+/*
+ * A node whose last name is gone leaves the table at once: the
+ * filesystem may reuse its inode number for a new file, which must get
+ * a node of its own.
+ */
+void sfs_node_unhash(struct sfs_node *n)
+{
+	pthread_mutex_lock(&sfs->table_lock);
+	sfs_table_remove(n);
+	pthread_mutex_unlock(&sfs->table_lock);
+}
+
 void sfs_node_lookup_dec(struct sfs_node *n)
 {
 	sfs_node_put(n, 1, 0);
@@ -225,11 +237,6 @@ struct sfs_node *sfs_node_from_found(struct sfs_node *parent,
 		free(fresh->lower);
 		free(fresh->name);
 		free(fresh);
-		/* A name seen again revives a node whose old name is gone. */
-		pthread_mutex_lock(&n->lock);
-		if (n->unlinked && parent)
-			sfs_node_set_name(n, parent, name);
-		pthread_mutex_unlock(&n->lock);
 		sfs_found_release(f);
 		return n;
 	}
@@ -371,7 +378,11 @@ static bool sfs_node_is_merged_dir(struct sfs_node *n)
 
 int sfs_node_stat(struct sfs_node *n, struct stat *st)
 {
-	int ret = sfs_fstat(sfs_node_datafd(n), st);
+	int ret;
+
+	if (n->stale)
+		return -ESTALE;
+	ret = sfs_fstat(sfs_node_datafd(n), st);
 
 	if (ret < 0)
 		return ret;
@@ -491,6 +502,8 @@ void sfs_op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr,
 	if (ret < 0)
 		goto out_err;
 	upper = atomic_load(&n->upper);
+	/* attributes change: the next write checks privileges again */
+	atomic_store(&n->nosec, false);
 
 	if (valid & (FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID)) {
 		uid_t uid = (valid & FUSE_SET_ATTR_UID) ? attr->st_uid : (uid_t)-1;
@@ -515,7 +528,18 @@ void sfs_op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr,
 		}
 	}
 	if (valid & FUSE_SET_ATTR_SIZE) {
+		mode_t kill;
+
 		ret = sfs_truncate(n, fd, attr->st_size);
+		if (ret == 0 && !(valid & FUSE_SET_ATTR_MODE))
+			ret = sfs_fstat(upper, &st);
+		kill = (ret == 0 && !(valid & FUSE_SET_ATTR_MODE)) ?
+			       sfs_killpriv_bits(req, &st) : 0;
+		if (kill) {
+			sfs_proc_path(upper, path, sizeof(path));
+			if (chmod(path, st.st_mode & 07777 & ~kill) < 0)
+				ret = -errno;
+		}
 		if (ret < 0)
 			goto out_err;
 	}

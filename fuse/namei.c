@@ -262,7 +262,14 @@ static int sfs_found_ino(struct sfs_found *f, int dirfd, const char *name,
 {
 	if (f->upper >= 0) {
 		if (sfs_origin_get(dirfd, name, ino) > 0) {
+			uint64_t count;
+
 			f->has_origin = true;
+			/* one of the names of an indexed lower hard link */
+			if (S_ISREG(f->type) && f->st.st_nlink > 1 &&
+			    sfs_xattr_get(f->upper, sfs->xattr_nlink, &count,
+					  sizeof(count)) == sizeof(count))
+				f->indexed = true;
 			return 0;
 		}
 		*ino = sfs_ino_compose(sfs->upper.fsid, f->st.st_ino);

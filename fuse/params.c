@@ -76,6 +76,54 @@ static int sfs_opt_proc(void *data, const char *arg, int key,
 	}
 }
 
+/*
+ * fuse_opt drops the backslash of every escape in "-o" lists, but the
+ * kernel's lowerdir syntax needs "\:" and "\\" to reach the layer
+ * splitter intact. Doubling those backslashes first lets fuse_opt undo
+ * only its own layer of escaping ("\," still escapes a comma).
+ */
+static char *sfs_escape_opts(const char *s)
+{
+	char *out = malloc(strlen(s) * 2 + 1), *w = out;
+
+	if (!out)
+		return NULL;
+	for (; *s; s++) {
+		if (s[0] == '\\' && (s[1] == ':' || s[1] == '\\')) {
+			*w++ = '\\';
+			*w++ = '\\';
+			*w++ = '\\';
+			*w++ = *++s;
+			continue;
+		}
+		*w++ = *s;
+	}
+	*w = '\0';
+	return out;
+}
+
+int sfs_params_escape(int argc, char **argv, struct fuse_args *out)
+{
+	for (int i = 0; i < argc; i++) {
+		const char *a = argv[i];
+		bool opts = i > 0 && !strcmp(argv[i - 1], "-o");
+		char *dup = NULL;
+		int ret;
+
+		if (opts || (strncmp(a, "-o", 2) == 0 && a[2])) {
+			dup = sfs_escape_opts(a);
+			if (!dup)
+				return -ENOMEM;
+			a = dup;
+		}
+		ret = fuse_opt_add_arg(out, a);
+		free(dup);
+		if (ret < 0)
+			return -ENOMEM;
+	}
+	return 0;
+}
+
 int sfs_params_parse(struct fuse_args *args, struct sfs_params *p)
 {
 	memset(p, 0, sizeof(*p));

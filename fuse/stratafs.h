@@ -68,6 +68,9 @@ struct sfs_node {
 	char *name;
 	mode_t type;		/* S_IFMT bits */
 	_Atomic int upper;	/* upper entry fd or -1 (atomic: read unlocked) */
+	atomic_bool nosec;	/* no setuid/setgid/capability to drop on write */
+	atomic_int nopen;	/* open file handles */
+	bool stale;		/* unlinked and its data released */
 	int nlower;
 	struct sfs_entry *lower;	/* nlower entries, allocated */
 	char *redirect;		/* absolute lower path of a moved dir */
@@ -88,6 +91,7 @@ struct sfs_fs {
 	int workfd;		/* the workdir, flock'ed while mounted */
 	int tmpfd;		/* workdir/work: temp entries for atomic moves */
 	int indexfd;		/* workdir/strata-index: lower hardlinks */
+	int nullfd;		/* O_PATH /dev/null: stands in for released files */
 	char xattr_prefix[32];	/* "trusted.overlay." or "user.overlay." */
 	char xattr_opaque[48];
 	char xattr_redirect[48];
@@ -154,6 +158,7 @@ static inline bool sfs_has_upper(void)
 }
 
 /* params.c */
+int sfs_params_escape(int argc, char **argv, struct fuse_args *out);
 int sfs_params_parse(struct fuse_args *args, struct sfs_params *p);
 void sfs_params_free(struct sfs_params *p);
 int sfs_split_lowerdir(const char *spec, char ***out, int *count);
@@ -187,6 +192,7 @@ void sfs_node_ref(struct sfs_node *n);
 void sfs_node_unref(struct sfs_node *n);
 void sfs_node_lookup_inc(struct sfs_node *n);
 void sfs_node_lookup_dec(struct sfs_node *n);
+void sfs_node_unhash(struct sfs_node *n);
 int sfs_node_datafd(struct sfs_node *n);
 int sfs_node_stat(struct sfs_node *n, struct stat *st);
 int sfs_node_set_name(struct sfs_node *n, struct sfs_node *parent,
@@ -266,6 +272,7 @@ void sfs_op_copy_file_range(fuse_req_t req, fuse_ino_t ino_in, off_t off_in,
 			    size_t len, int flags);
 int sfs_file_open(struct sfs_node *n, int flags, struct sfs_file **out);
 void sfs_file_close(struct sfs_file *f);
+mode_t sfs_killpriv_bits(fuse_req_t req, const struct stat *st);
 void sfs_file_set_cache(struct fuse_file_info *fi);
 
 /* xattr.c */

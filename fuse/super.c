@@ -226,7 +226,7 @@ int sfs_setup(struct sfs_fs *fs)
 	int nlowers = 0, count = 0, ret;
 
 	sfs = fs;
-	fs->upper.fd = fs->workfd = fs->tmpfd = fs->indexfd = -1;
+	fs->upper.fd = fs->workfd = fs->tmpfd = fs->indexfd = fs->nullfd = -1;
 	fs->timeout = 1.0;
 	sfs_setup_xattr_names(fs);
 
@@ -284,6 +284,12 @@ int sfs_setup(struct sfs_fs *fs)
 	for (int i = 0; i < fs->nlower; i++)
 		fs->lower[i].fsid = sfs_fsid(fs, fs->lower[i].dev, devs, &ndevs);
 
+	fs->nullfd = open("/dev/null", O_PATH | O_CLOEXEC);
+	if (fs->nullfd < 0) {
+		ret = -errno;
+		fprintf(stderr, "stratafs: /dev/null: %s\n", strerror(errno));
+		goto out;
+	}
 	ret = sfs_table_init(fs);
 	if (ret == 0)
 		ret = sfs_setup_root(fs);
@@ -309,6 +315,8 @@ void sfs_teardown(struct sfs_fs *fs)
 		close(fs->indexfd);
 	if (fs->workfd >= 0)
 		close(fs->workfd);
+	if (fs->nullfd >= 0)
+		close(fs->nullfd);
 }
 
 static void sfs_op_init(void *userdata, struct fuse_conn_info *conn)
@@ -316,6 +324,9 @@ static void sfs_op_init(void *userdata, struct fuse_conn_info *conn)
 	/* The largest requests libfuse 3.14 can take: fewer round trips. */
 	conn->max_write = 1 << 20;
 	conn->max_readahead = 1 << 20;
+	/* see sfs_file_killpriv: no GETXATTR round trip before each write */
+	if (conn->capable & FUSE_CAP_HANDLE_KILLPRIV)
+		conn->want |= FUSE_CAP_HANDLE_KILLPRIV;
 	if (conn->capable & FUSE_CAP_SPLICE_WRITE)
 		conn->want |= FUSE_CAP_SPLICE_WRITE;
 	if (conn->capable & FUSE_CAP_SPLICE_READ)

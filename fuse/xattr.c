@@ -156,6 +156,7 @@ void sfs_op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
 		return;
 	}
 	ret = sfs_copy_up(n);
+	atomic_store(&n->nosec, false);	/* it may be a capability */
 	if (ret == 0)
 		ret = sfs_xattr_set(atomic_load(&n->upper), name, value, size,
 				    flags);

@@ -62,13 +62,17 @@ static int sfs_add_fsname(struct fuse_args *args, const char *source)
 
 int main(int argc, char *argv[])
 {
-	struct fuse_args args = FUSE_ARGS_INIT(argc, argv);
+	struct fuse_args args = FUSE_ARGS_INIT(0, NULL);
 	struct fuse_loop_config *cfg = NULL;
 	struct fuse_session *se = NULL;
 	static struct sfs_fs fs;
 	int ret = 1;
 
 	strata_log_init("stratafs", STRATA_LOG_INFO);
+	if (sfs_params_escape(argc, argv, &args) < 0) {
+		fprintf(stderr, "stratafs: out of memory\n");
+		goto out_args;
+	}
 	if (sfs_params_parse(&args, &fs.params) < 0) {
 		fprintf(stderr, "stratafs: see 'stratafs --help'\n");
 		goto out_args;
@@ -107,8 +111,11 @@ int main(int argc, char *argv[])
 						      "stratafs"))
 		goto out_fs;
 	se = fuse_session_new(&args, &sfs_ops, sizeof(sfs_ops), &fs);
-	if (!se)
+	if (!se) {
+		/* libfuse named the option it refused just above */
+		fprintf(stderr, "stratafs: invalid mount options\n");
 		goto out_fs;
+	}
 	fs.se = se;
 	if (fuse_set_signal_handlers(se) != 0)
 		goto out_session;

@@ -1,0 +1,104 @@
+#!/bin/bash
+# The whole test suite: unit programs, the integration suite over real
+# mounts (kernel overlayfs as the oracle, stratafs as built), and the
+# same again on an AddressSanitizer+UBSan build. Ends with one line
+# "N passed, N failed".
+#
+#   scripts/test.sh               everything
+#   scripts/test.sh --quick       skip the sanitizer pass
+#   PYTEST_ARGS="-k rename" scripts/test.sh   pass options to pytest
+set -uo pipefail
+top=$(cd "$(dirname "$0")/.." && pwd)
+cd "$top"
+
+quick=0
+[ "${1:-}" = "--quick" ] && quick=1
+
+if [ "$(id -u)" -ne 0 ]; then
+	echo "test.sh: the suite mounts file systems: run it as root" >&2
+	exit 2
+fi
+scripts/deps.sh || exit 2
+modprobe fuse 2>/dev/null || true
+modprobe overlay 2>/dev/null || true
+
+results=$(mktemp -d /tmp/strata-results.XXXXXX)
+trap 'rm -rf "$results"' EXIT
+passed=0
+failed=0
+
+# Adds the counts of one JUnit XML report to the totals.
+count_junit() {
+	local out
+	out=$(/usr/bin/python3 - "$1" <<'PY'
+import sys, xml.etree.ElementTree as ET
+try:
+    root = ET.parse(sys.argv[1]).getroot()
+except Exception:
+    print("0 1"); sys.exit()
+suites = [root] if root.tag == "testsuite" else root.findall("testsuite")
+t = f = 0
+for s in suites:
+    t += int(s.get("tests", 0)) - int(s.get("skipped", 0))
+    f += int(s.get("failures", 0)) + int(s.get("errors", 0))
+print(t - f, f)
+PY
+)
+	passed=$((passed + ${out% *}))
+	failed=$((failed + ${out#* }))
+}
+
+# Runs the unit programs of one build directory.
+run_unit() {
+	local dir=$1 log
+	log="$results/unit-$(basename "$dir").log"
+	if make -C "$dir" -s -j"$(nproc)" check >"$log" 2>&1; then :; fi
+	local p f
+	p=$(grep -c '^PASS:' "$log")
+	f=$(grep -cE '^(FAIL|ERROR|XPASS):' "$log")
+	passed=$((passed + p))
+	failed=$((failed + f))
+	grep -E '^(PASS|FAIL|ERROR|SKIP|XPASS):' "$log" | sed "s|^|[$(basename "$dir")] |"
+	if [ "$f" -ne 0 ] || [ "$p" -eq 0 ]; then
+		for t in "$dir"/tests/unit/*.log; do
+			echo "--- $t"; cat "$t"
+		done
+		[ "$p" -eq 0 ] && failed=$((failed + 1))
+	fi
+}
+
+# Runs the integration suite against one stratafs binary.
+run_integration() {
+	local name=$1 bin=$2
+	shift 2
+	echo "== integration ($name)"
+	(cd tests/integration &&
+		STRATAFS="$bin" /usr/bin/python3 -m pytest -q \
+			--junitxml="$results/$name.xml" ${PYTEST_ARGS:-} "$@")
+	count_junit "$results/$name.xml"
+}
+
+echo "== build"
+if ! scripts/build.sh build; then
+	echo "0 passed, 1 failed"
+	exit 1
+fi
+run_unit build
+run_integration integration "$top/build/stratafs"
+
+if [ "$quick" -eq 0 ]; then
+	echo "== build (AddressSanitizer + UBSan)"
+	if scripts/build.sh build-asan --enable-sanitizers; then
+		export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
+		export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+		run_unit build-asan
+		# The kernel's results do not change with our build: stratafs only.
+		run_integration asan "$top/build-asan/stratafs" -k "not kernel"
+	else
+		failed=$((failed + 1))
+	fi
+fi
+
+echo
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
