@@ -51,12 +51,14 @@ int sfs_file_open(struct sfs_node *n, int flags, struct sfs_file **out)
 	f->node = n;
 	sfs_node_ref(n);
 	atomic_fetch_add(&n->nopen, 1);
+	sfs_handle_add(&sfs->files, &f->link);
 	*out = f;
 	return 0;
 }
 
 void sfs_file_close(struct sfs_file *f)
 {
+	sfs_handle_del(&f->link);
 	close(f->fd);
 	if (f->oldfd >= 0)
 		close(f->oldfd);

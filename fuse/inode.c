@@ -249,7 +249,8 @@ struct sfs_node *sfs_node_from_found(struct sfs_node *parent,
 	pthread_mutex_init(&n->lock, NULL);
 	atomic_init(&n->upper, f->upper);
 	n->nlower = f->nlower;
-	memcpy(n->lower, f->lower, f->nlower * sizeof(*n->lower));
+	if (f->nlower)
+		memcpy(n->lower, f->lower, f->nlower * sizeof(*n->lower));
 	n->redirect = f->redirect;
 	n->opaque = f->opaque;
 	n->indexed = f->indexed;

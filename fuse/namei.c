@@ -147,7 +147,8 @@ static void sfs_search_dir(struct sfs_search *s, struct sfs_node *dir,
 {
 	s->owned = false;
 	s->n = dir->nlower;
-	memcpy(s->dirs, dir->lower, dir->nlower * sizeof(*dir->lower));
+	if (dir->nlower)
+		memcpy(s->dirs, dir->lower, dir->nlower * sizeof(*dir->lower));
 	s->name = name;
 }
 

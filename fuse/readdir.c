@@ -305,12 +305,10 @@ void sfs_op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	pthread_mutex_init(&d->lock, NULL);
 	sfs_node_ref(n);
 	d->node = n;
+	sfs_handle_add(&sfs->dirs, &d->link);
 	fi->fh = (uintptr_t)d;
-	if (fuse_reply_open(req, fi) != 0) {
-		sfs_node_unref(n);
-		pthread_mutex_destroy(&d->lock);
-		free(d);
-	}
+	if (fuse_reply_open(req, fi) != 0)
+		sfs_dir_close(d);
 }
 
 static int sfs_dir_load(struct sfs_dir *d, off_t off)
@@ -421,16 +419,20 @@ void sfs_op_readdirplus(fuse_req_t req, fuse_ino_t ino, size_t size,
 	sfs_do_readdir(req, size, off, fi, true);
 }
 
-void sfs_op_releasedir(fuse_req_t req, fuse_ino_t ino,
-		       struct fuse_file_info *fi)
+void sfs_dir_close(struct sfs_dir *d)
 {
-	struct sfs_dir *d = (struct sfs_dir *)(uintptr_t)fi->fh;
-
+	sfs_handle_del(&d->link);
 	if (d->loaded)
 		sfs_dirents_free(d->ents, d->count);
 	sfs_node_unref(d->node);
 	pthread_mutex_destroy(&d->lock);
 	free(d);
+}
+
+void sfs_op_releasedir(fuse_req_t req, fuse_ino_t ino,
+		       struct fuse_file_info *fi)
+{
+	sfs_dir_close((struct sfs_dir *)(uintptr_t)fi->fh);
 	fuse_reply_err(req, 0);
 }
 

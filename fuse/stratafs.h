@@ -83,6 +83,14 @@ struct sfs_node {
 	int64_t index_nlink;	/* indexed: visible names, -1 not loaded */
 };
 
+/*
+ * Every open handle is on a list, so that the ones whose release the
+ * kernel had not sent when the mount went away are freed at exit.
+ */
+struct sfs_hlink {
+	struct sfs_hlink *prev, *next;
+};
+
 struct sfs_fs {
 	struct sfs_params params;
 	struct sfs_layer upper;	/* fd -1 when read-only */
@@ -101,6 +109,10 @@ struct sfs_fs {
 	bool rename_whiteout;	/* upper fs supports RENAME_WHITEOUT */
 	_Atomic uint64_t tmp_seq;
 
+	pthread_mutex_t handles_lock;
+	struct sfs_hlink files;	/* list heads */
+	struct sfs_hlink dirs;
+
 	pthread_mutex_t table_lock;
 	struct sfs_node **table;
 	size_t table_size;
@@ -113,6 +125,7 @@ struct sfs_fs {
 
 /* An open file. */
 struct sfs_file {
+	struct sfs_hlink link;	/* first: the list holds these */
 	pthread_mutex_t lock;
 	int fd;
 	int oldfd;		/* the lower fd a copy-up replaced, or -1 */
@@ -129,6 +142,7 @@ struct sfs_dirent {
 };
 
 struct sfs_dir {
+	struct sfs_hlink link;	/* first: the list holds these */
 	pthread_mutex_t lock;
 	struct sfs_node *node;	/* referenced */
 	struct sfs_dirent *ents;
@@ -243,6 +257,7 @@ void sfs_op_readdirplus(fuse_req_t req, fuse_ino_t ino, size_t size,
 			off_t off, struct fuse_file_info *fi);
 void sfs_op_releasedir(fuse_req_t req, fuse_ino_t ino,
 		       struct fuse_file_info *fi);
+void sfs_dir_close(struct sfs_dir *d);
 void sfs_op_fsyncdir(fuse_req_t req, fuse_ino_t ino, int datasync,
 		     struct fuse_file_info *fi);
 
@@ -316,6 +331,10 @@ ssize_t sfs_io_pread(int fd, void *buf, size_t len, off_t off);
 ssize_t sfs_io_pwrite(int fd, const void *buf, size_t len, off_t off);
 
 /* util.c */
+void sfs_handles_init(void);
+void sfs_handle_add(struct sfs_hlink *head, struct sfs_hlink *h);
+void sfs_handle_del(struct sfs_hlink *h);
+struct sfs_hlink *sfs_handle_first(struct sfs_hlink *head);
 int sfs_proc_path(int fd, char *buf, size_t size);
 int sfs_reopen(int fd, int flags);
 int sfs_fstat(int fd, struct stat *st);

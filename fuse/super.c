@@ -290,6 +290,7 @@ int sfs_setup(struct sfs_fs *fs)
 		fprintf(stderr, "stratafs: /dev/null: %s\n", strerror(errno));
 		goto out;
 	}
+	sfs_handles_init();
 	ret = sfs_table_init(fs);
 	if (ret == 0)
 		ret = sfs_setup_root(fs);
@@ -300,8 +301,17 @@ out:
 
 void sfs_teardown(struct sfs_fs *fs)
 {
-	if (fs->table)
+	struct sfs_hlink *h;
+
+	if (fs->table) {
+		/* handles the kernel never released (unmounted under them) */
+		while ((h = sfs_handle_first(&fs->files)))
+			sfs_file_close((struct sfs_file *)h);
+		while ((h = sfs_handle_first(&fs->dirs)))
+			sfs_dir_close((struct sfs_dir *)h);
 		sfs_table_destroy(fs);
+		pthread_mutex_destroy(&fs->handles_lock);
+	}
 	for (int i = 0; i < fs->nlower; i++) {
 		close(fs->lower[i].fd);
 		free(fs->lower[i].path);

@@ -138,3 +138,39 @@ void sfs_req_owner(fuse_req_t req, struct sfs_node *dir, mode_t *mode,
 			*mode |= S_ISGID;
 	}
 }
+
+void sfs_handles_init(void)
+{
+	pthread_mutex_init(&sfs->handles_lock, NULL);
+	sfs->files.prev = sfs->files.next = &sfs->files;
+	sfs->dirs.prev = sfs->dirs.next = &sfs->dirs;
+}
+
+void sfs_handle_add(struct sfs_hlink *head, struct sfs_hlink *h)
+{
+	pthread_mutex_lock(&sfs->handles_lock);
+	h->next = head->next;
+	h->prev = head;
+	head->next->prev = h;
+	head->next = h;
+	pthread_mutex_unlock(&sfs->handles_lock);
+}
+
+void sfs_handle_del(struct sfs_hlink *h)
+{
+	pthread_mutex_lock(&sfs->handles_lock);
+	h->prev->next = h->next;
+	h->next->prev = h->prev;
+	pthread_mutex_unlock(&sfs->handles_lock);
+}
+
+/* The first handle on a list, or NULL when it is empty. */
+struct sfs_hlink *sfs_handle_first(struct sfs_hlink *head)
+{
+	struct sfs_hlink *h;
+
+	pthread_mutex_lock(&sfs->handles_lock);
+	h = head->next == head ? NULL : head->next;
+	pthread_mutex_unlock(&sfs->handles_lock);
+	return h;
+}
