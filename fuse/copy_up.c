@@ -215,7 +215,7 @@ static int sfs_copy_up_locked(struct sfs_node *n, int dirfd, bool data)
 		return ret;
 	n->indexed = index;
 	n->has_origin = true;
-	atomic_store(&n->upper, ret);
+	sfs_node_set_upper(n, ret);
 	strata_debug("copied up %s (ino %llx)", n->name,
 		     (unsigned long long)n->ino);
 	return 0;
@@ -233,9 +233,7 @@ static int sfs_copy_up_mode(struct sfs_node *n, bool data)
 	if (!sfs_has_upper())
 		return -EROFS;
 	for (;;) {
-		int dirfd;
-
-		if (atomic_load(&n->upper) >= 0)
+		if (atomic_load(&n->has_upper))
 			return 0;
 		pthread_mutex_lock(&n->lock);
 		parent = n->parent;
@@ -244,26 +242,30 @@ static int sfs_copy_up_mode(struct sfs_node *n, bool data)
 		pthread_mutex_unlock(&n->lock);
 		if (!parent)
 			return -EIO;	/* only the root has none, and it is up */
+		ret = sfs_node_pin(parent);
+		if (ret < 0) {
+			sfs_node_unref(parent);
+			return ret;
+		}
 
 		/* Parents first, without holding the child's lock. */
 		ret = sfs_copy_up_mode(parent, true);
 		if (ret < 0) {
-			sfs_node_unref(parent);
+			sfs_node_release(parent);
 			return ret;
 		}
 		pthread_mutex_lock(&n->lock);
 		if (n->parent != parent) {
 			/* renamed meanwhile: copy up the new parents */
 			pthread_mutex_unlock(&n->lock);
-			sfs_node_unref(parent);
+			sfs_node_release(parent);
 			continue;
 		}
 		ret = 0;
-		dirfd = atomic_load(&parent->upper);
-		if (atomic_load(&n->upper) < 0)
-			ret = sfs_copy_up_locked(n, dirfd, data);
+		if (!atomic_load(&n->has_upper))
+			ret = sfs_copy_up_locked(n, sfs_upper(parent), data);
 		pthread_mutex_unlock(&n->lock);
-		sfs_node_unref(parent);
+		sfs_node_release(parent);
 		return ret;
 	}
 }
@@ -291,7 +293,7 @@ int sfs_copy_up_name(struct sfs_node *dir, const char *name,
 		ret = sfs_copy_up(n);
 	if (ret < 0)
 		return ret;
-	dirfd = atomic_load(&dir->upper);
+	dirfd = sfs_upper(dir);
 	if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0)
 		return 0;
 	if (n->has_origin) {
@@ -299,7 +301,7 @@ int sfs_copy_up_name(struct sfs_node *dir, const char *name,
 		if (ret < 0)
 			return ret;
 	}
-	sfs_proc_path(atomic_load(&n->upper), path, sizeof(path));
+	sfs_proc_path(sfs_upper(n), path, sizeof(path));
 	if (linkat(AT_FDCWD, path, dirfd, name, AT_SYMLINK_FOLLOW) < 0)
 		return -errno;
 	return 0;

@@ -92,7 +92,7 @@ static int sfs_create(struct sfs_node *dir, const char *name,
 		ret = sfs_copy_up(dir);
 	if (ret < 0)
 		return ret;
-	dirfd = atomic_load(&dir->upper);
+	dirfd = sfs_upper(dir);
 	ret = sfs_upper_state(dirfd, name, &st);
 	if (ret < 0)
 		return ret;
@@ -136,14 +136,21 @@ static int sfs_create(struct sfs_node *dir, const char *name,
 	return sfs_lookup_node(dir, name, out);
 }
 
-int sfs_create_entry(fuse_req_t req, struct sfs_node *dir, const char *name,
-		     mode_t mode, dev_t rdev, const char *link,
-		     struct sfs_node **out)
+/* Creates NAME in the directory PARENT; *out comes pinned and referenced. */
+static int sfs_create_entry(fuse_req_t req, fuse_ino_t parent,
+			    const char *name, mode_t mode, dev_t rdev,
+			    const char *link, struct sfs_node **out)
 {
 	struct sfs_newent ne = { .mode = mode, .rdev = rdev, .link = link };
+	struct sfs_node *dir;
+	int ret = sfs_node_get_pinned(parent, &dir);
 
+	if (ret < 0)
+		return ret;
 	sfs_req_owner(req, dir, &ne.mode, &ne.uid, &ne.gid);
-	return sfs_create(dir, name, &ne, out);
+	ret = sfs_create(dir, name, &ne, out);
+	sfs_node_unpin(dir);
+	return ret;
 }
 
 static void sfs_reply_new(fuse_req_t req, int ret, struct sfs_node *n)
@@ -153,14 +160,14 @@ static void sfs_reply_new(fuse_req_t req, int ret, struct sfs_node *n)
 		return;
 	}
 	sfs_entry_reply(req, n);
-	sfs_node_unref(n);
+	sfs_node_release(n);
 }
 
 void sfs_op_mknod(fuse_req_t req, fuse_ino_t parent, const char *name,
 		  mode_t mode, dev_t rdev)
 {
 	struct sfs_node *n = NULL;
-	int ret = sfs_create_entry(req, sfs_node_get(parent), name, mode, rdev,
+	int ret = sfs_create_entry(req, parent, name, mode, rdev,
 				   NULL, &n);
 
 	sfs_reply_new(req, ret, n);
@@ -170,7 +177,7 @@ void sfs_op_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name,
 		  mode_t mode)
 {
 	struct sfs_node *n = NULL;
-	int ret = sfs_create_entry(req, sfs_node_get(parent), name,
+	int ret = sfs_create_entry(req, parent, name,
 				   S_IFDIR | (mode & 07777), 0, NULL, &n);
 
 	sfs_reply_new(req, ret, n);
@@ -180,7 +187,7 @@ void sfs_op_symlink(fuse_req_t req, const char *link, fuse_ino_t parent,
 		    const char *name)
 {
 	struct sfs_node *n = NULL;
-	int ret = sfs_create_entry(req, sfs_node_get(parent), name,
+	int ret = sfs_create_entry(req, parent, name,
 				   S_IFLNK | 0777, 0, link, &n);
 
 	sfs_reply_new(req, ret, n);
@@ -194,7 +201,7 @@ void sfs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name,
 	struct fuse_entry_param e;
 	int ret;
 
-	ret = sfs_create_entry(req, sfs_node_get(parent), name,
+	ret = sfs_create_entry(req, parent, name,
 			       S_IFREG | (mode & 07777), 0, NULL, &n);
 	if (ret < 0)
 		goto out_err;
@@ -210,44 +217,36 @@ void sfs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name,
 		sfs_file_close(f);
 		sfs_node_lookup_dec(n);
 	}
-	sfs_node_unref(n);
+	sfs_node_release(n);
 	return;
 
 out_err:
 	if (n)
-		sfs_node_unref(n);
+		sfs_node_release(n);
 	sfs_reply_err(req, ret);
 }
 
-void sfs_op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent,
-		 const char *newname)
+static int sfs_link(struct sfs_node *n, struct sfs_node *dir,
+		    const char *newname)
 {
-	struct sfs_node *n = sfs_node_get(ino);
-	struct sfs_node *dir = sfs_node_get(newparent);
 	struct stat st;
 	char path[64], tmp[64];
 	int dirfd, ret;
 
-	if (!sfs_has_upper()) {
-		fuse_reply_err(req, EROFS);
-		return;
-	}
 	ret = n->unlinked ? -ENOENT : sfs_check_absent(dir, newname);
 	if (ret == 0)
 		ret = sfs_copy_up(n);
 	if (ret == 0)
 		ret = sfs_copy_up(dir);
-	if (ret < 0)
-		goto out_err;
-	if (n->has_origin)
+	if (ret == 0 && n->has_origin)
 		ret = sfs_mark_impure(dir);
 	if (ret < 0)
-		goto out_err;
-	dirfd = atomic_load(&dir->upper);
-	sfs_proc_path(atomic_load(&n->upper), path, sizeof(path));
+		return ret;
+	dirfd = sfs_upper(dir);
+	sfs_proc_path(sfs_upper(n), path, sizeof(path));
 	ret = sfs_upper_state(dirfd, newname, &st);
 	if (ret < 0)
-		goto out_err;
+		return ret;
 	if (ret == 0) {
 		if (linkat(AT_FDCWD, path, dirfd, newname, AT_SYMLINK_FOLLOW) < 0)
 			ret = -errno;
@@ -262,13 +261,34 @@ void sfs_op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent,
 				sfs_unlinkat(sfs->tmpfd, tmp, 0);
 		}
 	}
+	if (ret == 0 && n->indexed)
+		ret = sfs_index_nlink_add(n, 1) < 0 ? -EIO : 0;
+	return ret;
+}
+
+void sfs_op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent,
+		 const char *newname)
+{
+	struct sfs_node *n, *dir;
+	int ret;
+
+	if (!sfs_has_upper()) {
+		fuse_reply_err(req, EROFS);
+		return;
+	}
+	ret = sfs_node_get_pinned(ino, &n);
 	if (ret < 0)
 		goto out_err;
-	if (n->indexed)
-		sfs_index_nlink_add(n, 1);
-	sfs_entry_reply(req, n);
-	return;
-
+	ret = sfs_node_get_pinned(newparent, &dir);
+	if (ret == 0) {
+		ret = sfs_link(n, dir, newname);
+		if (ret == 0)
+			sfs_entry_reply(req, n);
+		sfs_node_unpin(dir);
+	}
+	sfs_node_unpin(n);
+	if (ret == 0)
+		return;
 out_err:
 	sfs_reply_err(req, ret);
 }
@@ -282,7 +302,7 @@ static int sfs_prepare_nlink_change(struct sfs_node *n)
 	struct stat st;
 	int ret;
 
-	if (!S_ISREG(n->type) || atomic_load(&n->upper) >= 0)
+	if (!S_ISREG(n->type) || sfs_upper(n) >= 0)
 		return 0;
 	ret = sfs_fstat(n->lower[0].fd, &st);
 	if (ret == 0 && st.st_nlink > 1)
@@ -295,7 +315,7 @@ static void sfs_node_removed(struct sfs_node *n)
 {
 	struct stat st;
 	bool gone = true;
-	int upper = atomic_load(&n->upper);
+	int upper = sfs_upper(n);
 
 	if (n->indexed)
 		gone = sfs_index_nlink_add(n, -1) == 0;
@@ -337,7 +357,7 @@ static int sfs_remove(struct sfs_node *dir, const char *name, bool isdir)
 	ret = sfs_copy_up(dir);
 	if (ret < 0)
 		return ret;
-	dirfd = atomic_load(&dir->upper);
+	dirfd = sfs_upper(dir);
 	positive = sfs_lower_positive(dir, name);
 	if (positive < 0)
 		return positive;
@@ -359,58 +379,52 @@ static int sfs_remove(struct sfs_node *dir, const char *name, bool isdir)
 	return ret;
 }
 
-void sfs_op_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)
+static int sfs_unlink(struct sfs_node *dir, const char *name, bool isdir)
 {
-	struct sfs_node *dir = sfs_node_get(parent);
 	struct sfs_node *n;
 	int ret;
 
-	if (!sfs_has_upper()) {
-		fuse_reply_err(req, EROFS);
-		return;
-	}
 	ret = sfs_lookup_node(dir, name, &n);
 	if (ret < 0)
-		goto out;
-	if (S_ISDIR(n->type))
-		ret = -EISDIR;
+		return ret;
+	if (isdir)
+		ret = S_ISDIR(n->type) ? sfs_dir_check_empty(n) : -ENOTDIR;
 	else
-		ret = sfs_prepare_nlink_change(n);
+		ret = S_ISDIR(n->type) ? -EISDIR : sfs_prepare_nlink_change(n);
 	if (ret == 0)
-		ret = sfs_remove(dir, name, false);
-	if (ret == 0)
+		ret = sfs_remove(dir, name, isdir);
+	if (ret == 0) {
 		sfs_node_removed(n);
-	sfs_node_unref(n);
-out:
+		if (isdir)
+			sfs_node_dir_changed(dir, -1);
+	}
+	sfs_node_release(n);
+	return ret;
+}
+
+static void sfs_unlink_op(fuse_req_t req, fuse_ino_t parent, const char *name,
+			  bool isdir)
+{
+	struct sfs_node *dir;
+	int ret = -EROFS;
+
+	if (sfs_has_upper())
+		ret = sfs_node_get_pinned(parent, &dir);
+	if (ret == 0) {
+		ret = sfs_unlink(dir, name, isdir);
+		sfs_node_unpin(dir);
+	}
 	sfs_reply_err(req, ret);
+}
+
+void sfs_op_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)
+{
+	sfs_unlink_op(req, parent, name, false);
 }
 
 void sfs_op_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
-	struct sfs_node *dir = sfs_node_get(parent);
-	struct sfs_node *n;
-	int ret;
-
-	if (!sfs_has_upper()) {
-		fuse_reply_err(req, EROFS);
-		return;
-	}
-	ret = sfs_lookup_node(dir, name, &n);
-	if (ret < 0)
-		goto out;
-	if (!S_ISDIR(n->type))
-		ret = -ENOTDIR;
-	else
-		ret = sfs_dir_check_empty(n);
-	if (ret == 0)
-		ret = sfs_remove(dir, name, true);
-	if (ret == 0) {
-		sfs_node_removed(n);
-		sfs_node_dir_changed(dir, -1);
-	}
-	sfs_node_unref(n);
-out:
-	sfs_reply_err(req, ret);
+	sfs_unlink_op(req, parent, name, true);
 }
 
 /*
@@ -475,7 +489,7 @@ static int sfs_rename_redirect(struct sfs_node *n)
 	dup = strdup(path);
 	if (!dup)
 		return -ENOMEM;
-	ret = sfs_set_redirect(atomic_load(&n->upper), path);
+	ret = sfs_set_redirect(sfs_upper(n), path);
 	pthread_mutex_lock(&n->lock);
 	if (ret == 0) {
 		free(n->redirect);
@@ -503,7 +517,7 @@ static int sfs_rename_opaque(struct sfs_node *n, struct sfs_node *dir,
 	if (positive <= 0)
 		return positive;
 	n->opaque = true;
-	return sfs_set_opaque(atomic_load(&n->upper));
+	return sfs_set_opaque(sfs_upper(n));
 }
 
 static int sfs_rename_check(struct sfs_node *src, struct sfs_node *dst,
@@ -528,7 +542,7 @@ static int sfs_rename_check(struct sfs_node *src, struct sfs_node *dst,
 static int sfs_rename_clear_dst(struct sfs_node *ndir, const char *newname,
 				struct sfs_node *dst)
 {
-	if (!dst || !S_ISDIR(dst->type) || atomic_load(&dst->upper) < 0)
+	if (!dst || !S_ISDIR(dst->type) || sfs_upper(dst) < 0)
 		return 0;
 	return sfs_remove(ndir, newname, true);
 }
@@ -573,7 +587,7 @@ static int sfs_rename_upper(struct sfs_node *pdir, const char *name,
 			    struct sfs_node *src, unsigned int flags,
 			    bool whiteout)
 {
-	int odir = atomic_load(&pdir->upper), ndirfd = atomic_load(&ndir->upper);
+	int odir = sfs_upper(pdir), ndirfd = sfs_upper(ndir);
 	unsigned int rflags = flags & ~RENAME_NOREPLACE;
 	struct stat st;
 	int state, ret;
@@ -652,8 +666,8 @@ static int sfs_rename_entry(struct sfs_node *pdir, const char *name,
 		sfs_rename_update(pdir, name, ndir, newname, src, dst, flags);
 out:
 	if (dst)
-		sfs_node_unref(dst);
-	sfs_node_unref(src);
+		sfs_node_release(dst);
+	sfs_node_release(src);
 	return ret;
 }
 
@@ -661,14 +675,22 @@ void sfs_op_rename(fuse_req_t req, fuse_ino_t parent, const char *name,
 		   fuse_ino_t newparent, const char *newname,
 		   unsigned int flags)
 {
+	struct sfs_node *pdir, *ndir;
 	int ret;
 
-	if (flags & ~(RENAME_NOREPLACE | RENAME_EXCHANGE))
+	if (flags & ~(RENAME_NOREPLACE | RENAME_EXCHANGE)) {
 		ret = -EINVAL;
-	else if (!sfs_has_upper())
-		ret = -EROFS;
-	else
-		ret = sfs_rename_entry(sfs_node_get(parent), name,
-				       sfs_node_get(newparent), newname, flags);
+		goto out;
+	}
+	ret = sfs_has_upper() ? sfs_node_get_pinned(parent, &pdir) : -EROFS;
+	if (ret < 0)
+		goto out;
+	ret = sfs_node_get_pinned(newparent, &ndir);
+	if (ret == 0) {
+		ret = sfs_rename_entry(pdir, name, ndir, newname, flags);
+		sfs_node_unpin(ndir);
+	}
+	sfs_node_unpin(pdir);
+out:
 	sfs_reply_err(req, ret);
 }

@@ -38,7 +38,7 @@ int sfs_file_open(struct sfs_node *n, int flags, struct sfs_file **out)
 		return -ENOMEM;
 	/* The kernel did the permission and creation checks already. */
 	flags &= ~(O_CREAT | O_EXCL | O_NOCTTY | O_NOFOLLOW);
-	f->upper = atomic_load(&n->upper) >= 0;
+	f->upper = sfs_upper(n) >= 0;
 	fd = sfs_reopen(sfs_node_datafd(n), flags);
 	if (fd < 0) {
 		free(f);
@@ -80,8 +80,13 @@ void sfs_file_set_cache(struct fuse_file_info *fi)
 void sfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
 	struct sfs_file *f;
-	int ret = sfs_file_open(sfs_node_get(ino), fi->flags, &f);
+	struct sfs_node *n;
+	int ret = sfs_node_get_pinned(ino, &n);
 
+	if (ret == 0) {
+		ret = sfs_file_open(n, fi->flags, &f);
+		sfs_node_unpin(n);
+	}
 	if (ret < 0) {
 		sfs_reply_err(req, ret);
 		return;
@@ -102,11 +107,12 @@ static int sfs_file_readfd(struct sfs_file *f)
 {
 	int fd;
 
-	if (f->upper || atomic_load(&f->node->upper) < 0)
+	if (f->upper || !atomic_load(&f->node->has_upper))
 		return f->fd;
 	pthread_mutex_lock(&f->lock);
-	if (!f->upper) {
-		fd = sfs_reopen(atomic_load(&f->node->upper), O_RDONLY);
+	if (!f->upper && sfs_node_pin(f->node) == 0) {
+		fd = sfs_reopen(sfs_upper(f->node), O_RDONLY);
+		sfs_node_unpin(f->node);
 		if (fd >= 0) {
 			/*
 			 * Readers still on the old fd finish on the old data;

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <stdio.h>
+#include <sys/resource.h>
 #include <sys/statvfs.h>
 #include <sys/xattr.h>
 #include <unistd.h>
@@ -60,14 +61,27 @@ int sfs_table_init(struct sfs_fs *fs)
 	return 0;
 }
 
+static int sfs_node_nfds(struct sfs_node *n)
+{
+	return atomic_load(&n->has_upper) + n->nlower;
+}
+
 static void sfs_node_close(struct sfs_node *n)
 {
-	int upper = atomic_load(&n->upper);
+	bool parked = atomic_load(&n->parked);
 
-	if (upper >= 0)
-		close(upper);
-	for (int i = 0; i < n->nlower; i++)
-		close(n->lower[i].fd);
+	if (!parked)
+		atomic_fetch_sub(&sfs->node_fds, sfs_node_nfds(n));
+	if (atomic_load(&n->has_upper)) {
+		if (!parked)
+			close(n->up.fd);
+		free(n->up.fh);
+	}
+	for (int i = 0; i < n->nlower; i++) {
+		if (!parked)
+			close(n->lower[i].fd);
+		free(n->lower[i].fh);
+	}
 	free(n->lower);
 	free(n->name);
 	free(n->redirect);
@@ -203,7 +217,7 @@ void sfs_node_unref(struct sfs_node *n)
  * Turns a lookup result into a node, taking over its descriptors. An
  * existing node with the same inode number is the same file (a hard
  * link, or a name looked up again) and is returned instead. The caller
- * gets one reference.
+ * gets one reference and one pin (sfs_node_release drops both).
  */
 struct sfs_node *sfs_node_from_found(struct sfs_node *parent,
 				     const char *name, struct sfs_found *f,
@@ -238,6 +252,11 @@ struct sfs_node *sfs_node_from_found(struct sfs_node *parent,
 		free(fresh->name);
 		free(fresh);
 		sfs_found_release(f);
+		*err = sfs_node_pin(n);
+		if (*err < 0) {
+			sfs_node_unref(n);
+			return NULL;
+		}
 		return n;
 	}
 
@@ -247,10 +266,13 @@ struct sfs_node *sfs_node_from_found(struct sfs_node *parent,
 	n->refs = 1;
 	n->type = f->type;
 	pthread_mutex_init(&n->lock, NULL);
-	atomic_init(&n->upper, f->upper);
+	n->up = (struct sfs_entry){ f->upper, 0, NULL };
+	atomic_init(&n->has_upper, f->upper >= 0);
+	atomic_init(&n->busy, 1);	/* pinned for the caller */
 	n->nlower = f->nlower;
 	if (f->nlower)
 		memcpy(n->lower, f->lower, f->nlower * sizeof(*n->lower));
+	atomic_fetch_add(&sfs->node_fds, sfs_node_nfds(n));
 	n->redirect = f->redirect;
 	n->opaque = f->opaque;
 	n->indexed = f->indexed;
@@ -280,6 +302,206 @@ out_nomem:
 	sfs_found_release(f);
 	*err = -ENOMEM;
 	return NULL;
+}
+
+/*
+ * Parking. Each node's descriptors count against a budget below the
+ * open-file limit; past it, idle nodes (no pin, no open handle) trade
+ * their descriptors for file handles, round the table like a clock so
+ * that recently used ones stay. A pin reopens a parked node. The busy
+ * count and the parked flag are each written before the other is read
+ * (sequentially consistent atomics), so a pin and a park never both
+ * proceed: either the parker sees the pin and backs off, or the pin
+ * sees the park and waits for it on the node lock.
+ */
+void sfs_fd_budget_init(void)
+{
+	struct rlimit rl = { 1024, 1024 };
+
+	getrlimit(RLIMIT_NOFILE, &rl);
+	/* a quarter stays for open files, listings and copy-up */
+	sfs->fd_budget = rl.rlim_cur == RLIM_INFINITY ? 1L << 30 :
+							 (long)rl.rlim_cur * 3 / 4;
+	if (sfs->fd_budget < 64)
+		sfs->fd_budget = 64;
+	pthread_mutex_init(&sfs->evict_lock, NULL);
+}
+
+static int sfs_entry_mountfd(const struct sfs_entry *e)
+{
+	return e->layer == 0 ? sfs->upper.fd : sfs->lower[e->layer - 1].fd;
+}
+
+static int sfs_entry_handle(struct sfs_entry *e)
+{
+	struct file_handle *fh;
+	int mount_id;
+
+	if (e->fh)
+		return 0;
+	fh = malloc(sizeof(*fh) + MAX_HANDLE_SZ);
+	if (!fh)
+		return -ENOMEM;
+	fh->handle_bytes = MAX_HANDLE_SZ;
+	if (name_to_handle_at(e->fd, "", fh, &mount_id, AT_EMPTY_PATH) < 0) {
+		free(fh);
+		return -errno;
+	}
+	e->fh = fh;
+	return 0;
+}
+
+static int sfs_entry_reopen(struct sfs_entry *e, mode_t type)
+{
+	int flags = S_ISDIR(type) ? O_RDONLY | O_DIRECTORY : O_PATH;
+	int fd = open_by_handle_at(sfs_entry_mountfd(e), e->fh,
+				   flags | O_CLOEXEC);
+
+	if (fd < 0)
+		return -errno;
+	e->fd = fd;
+	return 0;
+}
+
+/* Caller holds n->lock; the node is idle. */
+static void sfs_node_park(struct sfs_node *n)
+{
+	bool upper = atomic_load(&n->has_upper);
+	int ret = 0;
+
+	atomic_store(&n->parked, true);
+	if (atomic_load(&n->busy)) {
+		atomic_store(&n->parked, false);
+		return;
+	}
+	if (upper)
+		ret = sfs_entry_handle(&n->up);
+	for (int i = 0; ret == 0 && i < n->nlower; i++)
+		ret = sfs_entry_handle(&n->lower[i]);
+	if (ret < 0) {
+		/* this layer's filesystem has no file handles: keep it open */
+		n->no_park = true;
+		atomic_store(&n->parked, false);
+		return;
+	}
+	if (upper)
+		close(n->up.fd);
+	for (int i = 0; i < n->nlower; i++)
+		close(n->lower[i].fd);
+	atomic_fetch_sub(&sfs->node_fds, sfs_node_nfds(n));
+}
+
+/* Caller holds n->lock. */
+static int sfs_node_unpark(struct sfs_node *n)
+{
+	bool upper = atomic_load(&n->has_upper);
+	int i = 0, ret = 0;
+
+	if (upper)
+		ret = sfs_entry_reopen(&n->up, n->type);
+	if (ret < 0)
+		goto out_err;
+	for (i = 0; i < n->nlower; i++) {
+		ret = sfs_entry_reopen(&n->lower[i], n->type);
+		if (ret < 0)
+			goto out_close;
+	}
+	atomic_fetch_add(&sfs->node_fds, sfs_node_nfds(n));
+	atomic_store(&n->parked, false);
+	return 0;
+
+out_close:
+	while (i-- > 0)
+		close(n->lower[i].fd);
+	if (upper)
+		close(n->up.fd);
+out_err:
+	/* gone behind our back: the kernel gets ESTALE */
+	return ret == -ENOENT ? -ESTALE : ret;
+}
+
+static bool sfs_node_parkable(struct sfs_node *n)
+{
+	return n != &sfs->root && !n->no_park && !n->unlinked &&
+	       !atomic_load(&n->busy) && !atomic_load(&n->parked) &&
+	       !atomic_load(&n->nopen);
+}
+
+static void sfs_evict(void)
+{
+	long target = sfs->fd_budget - sfs->fd_budget / 8;
+	size_t steps;
+
+	if (pthread_mutex_trylock(&sfs->evict_lock))
+		return;	/* another thread is at it */
+	pthread_mutex_lock(&sfs->table_lock);
+	/* two turns of the clock: the first may only clear used bits */
+	steps = 2 * sfs->table_size;
+	while (steps-- && atomic_load(&sfs->node_fds) > target) {
+		struct sfs_node *n;
+
+		sfs->evict_hand = (sfs->evict_hand + 1) & (sfs->table_size - 1);
+		for (n = sfs->table[sfs->evict_hand]; n; n = n->hnext) {
+			if (!sfs_node_parkable(n))
+				continue;
+			if (atomic_exchange(&n->used, false))
+				continue;
+			if (pthread_mutex_trylock(&n->lock))
+				continue;
+			if (sfs_node_parkable(n))
+				sfs_node_park(n);
+			pthread_mutex_unlock(&n->lock);
+		}
+	}
+	pthread_mutex_unlock(&sfs->table_lock);
+	pthread_mutex_unlock(&sfs->evict_lock);
+}
+
+int sfs_node_pin(struct sfs_node *n)
+{
+	int ret = 0;
+
+	atomic_fetch_add(&n->busy, 1);
+	atomic_store(&n->used, true);
+	if (!atomic_load(&n->parked))
+		return 0;
+	pthread_mutex_lock(&n->lock);
+	if (atomic_load(&n->parked))
+		ret = sfs_node_unpark(n);
+	pthread_mutex_unlock(&n->lock);
+	if (ret < 0)
+		atomic_fetch_sub(&n->busy, 1);
+	return ret;
+}
+
+void sfs_node_unpin(struct sfs_node *n)
+{
+	atomic_fetch_sub(&n->busy, 1);
+	if (atomic_load(&sfs->node_fds) > sfs->fd_budget)
+		sfs_evict();
+}
+
+int sfs_node_get_pinned(fuse_ino_t nodeid, struct sfs_node **out)
+{
+	struct sfs_node *n = sfs_node_get(nodeid);
+	int ret = sfs_node_pin(n);
+
+	*out = ret < 0 ? NULL : n;
+	return ret;
+}
+
+void sfs_node_release(struct sfs_node *n)
+{
+	sfs_node_unpin(n);
+	sfs_node_unref(n);
+}
+
+/* The node got an upper entry (copy-up); caller holds n->lock and a pin. */
+void sfs_node_set_upper(struct sfs_node *n, int fd)
+{
+	n->up = (struct sfs_entry){ fd, 0, NULL };
+	atomic_fetch_add(&sfs->node_fds, 1);
+	atomic_store(&n->has_upper, true);
 }
 
 /* Moves a node to a new name; the caller holds n->lock. */
@@ -336,7 +558,7 @@ static int sfs_index_nlink_load(struct sfs_node *n)
 
 	if (n->index_nlink >= 0)
 		return 0;
-	ret = sfs_xattr_get(atomic_load(&n->upper), sfs->xattr_nlink, &val,
+	ret = sfs_xattr_get(sfs_upper(n), sfs->xattr_nlink, &val,
 			    sizeof(val));
 	if (ret != sizeof(val))
 		return ret < 0 ? ret : -EIO;
@@ -354,7 +576,7 @@ int sfs_index_nlink_add(struct sfs_node *n, int delta)
 	ret = sfs_index_nlink_load(n);
 	if (ret == 0) {
 		val = n->index_nlink + delta > 0 ? n->index_nlink + delta : 0;
-		ret = sfs_xattr_set(atomic_load(&n->upper), sfs->xattr_nlink,
+		ret = sfs_xattr_set(sfs_upper(n), sfs->xattr_nlink,
 				    &val, sizeof(val), 0);
 		if (ret == 0) {
 			n->index_nlink = val;
@@ -367,14 +589,14 @@ int sfs_index_nlink_add(struct sfs_node *n, int delta)
 
 int sfs_node_datafd(struct sfs_node *n)
 {
-	int upper = atomic_load(&n->upper);
+	int upper = sfs_upper(n);
 
 	return upper >= 0 ? upper : n->lower[0].fd;
 }
 
 static bool sfs_node_is_merged_dir(struct sfs_node *n)
 {
-	return S_ISDIR(n->type) && (atomic_load(&n->upper) >= 0) + n->nlower > 1;
+	return S_ISDIR(n->type) && (sfs_upper(n) >= 0) + n->nlower > 1;
 }
 
 int sfs_node_stat(struct sfs_node *n, struct stat *st)
@@ -421,10 +643,14 @@ int sfs_node_stat(struct sfs_node *n, struct stat *st)
 
 void sfs_op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
-	struct sfs_node *n = sfs_node_get(ino);
+	struct sfs_node *n;
 	struct stat st;
-	int ret = sfs_node_stat(n, &st);
+	int ret = sfs_node_get_pinned(ino, &n);
 
+	if (ret == 0) {
+		ret = sfs_node_stat(n, &st);
+		sfs_node_unpin(n);
+	}
 	if (ret < 0)
 		sfs_reply_err(req, ret);
 	else
@@ -451,12 +677,20 @@ static int sfs_set_times(struct sfs_node *n, int fd, const struct stat *attr,
 
 	if (S_ISLNK(n->type)) {
 		/* /proc links cannot stand for a symlink: use its name. */
+		struct sfs_node *parent;
+
 		pthread_mutex_lock(&n->lock);
-		if (n->parent && utimensat(atomic_load(&n->parent->upper),
-					   n->name, tv,
-					   AT_SYMLINK_NOFOLLOW) < 0)
-			ret = -errno;
+		parent = n->parent;
+		sfs_node_ref(parent);
+		ret = sfs_node_pin(parent);
+		if (ret == 0) {
+			if (utimensat(sfs_upper(parent), n->name, tv,
+				      AT_SYMLINK_NOFOLLOW) < 0)
+				ret = -errno;
+			sfs_node_unpin(parent);
+		}
 		pthread_mutex_unlock(&n->lock);
+		sfs_node_unref(parent);
 		return ret;
 	}
 	if (fd >= 0)
@@ -470,7 +704,7 @@ static int sfs_truncate(struct sfs_node *n, int fd, off_t size)
 	int tfd = fd, ret = 0;
 
 	if (tfd < 0) {
-		tfd = sfs_reopen(atomic_load(&n->upper), O_WRONLY);
+		tfd = sfs_reopen(sfs_upper(n), O_WRONLY);
 		if (tfd < 0)
 			return tfd;
 	}
@@ -481,10 +715,9 @@ static int sfs_truncate(struct sfs_node *n, int fd, off_t size)
 	return ret;
 }
 
-void sfs_op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr,
-		    int valid, struct fuse_file_info *fi)
+static void sfs_setattr(fuse_req_t req, struct sfs_node *n, struct stat *attr,
+			int valid, struct fuse_file_info *fi)
 {
-	struct sfs_node *n = sfs_node_get(ino);
 	struct sfs_file *f = fi ? (struct sfs_file *)(uintptr_t)fi->fh : NULL;
 	int fd = (f && f->upper) ? f->fd : -1;
 	char path[64];
@@ -502,7 +735,7 @@ void sfs_op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr,
 		ret = sfs_copy_up(n);
 	if (ret < 0)
 		goto out_err;
-	upper = atomic_load(&n->upper);
+	upper = sfs_upper(n);
 	/* attributes change: the next write checks privileges again */
 	atomic_store(&n->nosec, false);
 
@@ -560,15 +793,37 @@ out_err:
 	sfs_reply_err(req, ret);
 }
 
+void sfs_op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr,
+		    int valid, struct fuse_file_info *fi)
+{
+	struct sfs_node *n;
+	int ret = sfs_node_get_pinned(ino, &n);
+
+	if (ret < 0) {
+		sfs_reply_err(req, ret);
+		return;
+	}
+	sfs_setattr(req, n, attr, valid, fi);
+	sfs_node_unpin(n);
+}
+
 void sfs_op_readlink(fuse_req_t req, fuse_ino_t ino)
 {
-	struct sfs_node *n = sfs_node_get(ino);
+	struct sfs_node *n;
 	char buf[PATH_MAX + 1];
 	ssize_t len;
+	int ret = sfs_node_get_pinned(ino, &n);
 
+	if (ret < 0) {
+		sfs_reply_err(req, ret);
+		return;
+	}
 	len = readlinkat(sfs_node_datafd(n), "", buf, sizeof(buf));
+	if (len < 0)
+		len = -errno;
+	sfs_node_unpin(n);
 	if (len < 0) {
-		fuse_reply_err(req, errno);
+		sfs_reply_err(req, (int)len);
 		return;
 	}
 	if ((size_t)len >= sizeof(buf)) {

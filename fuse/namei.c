@@ -174,7 +174,7 @@ int sfs_lookup_name(struct sfs_node *dir, const char *name,
 		    struct sfs_found *f)
 {
 	struct sfs_search s;
-	int upper = atomic_load(&dir->upper);
+	int upper = sfs_upper(dir);
 	int ret;
 
 	memset(f, 0, sizeof(*f));
@@ -293,7 +293,7 @@ int sfs_lookup_node(struct sfs_node *dir, const char *name,
 	ret = sfs_lookup_name(dir, name, &f);
 	if (ret < 0)
 		return ret;
-	ret = sfs_found_ino(&f, atomic_load(&dir->upper), name, &ino);
+	ret = sfs_found_ino(&f, sfs_upper(dir), name, &ino);
 	if (ret < 0) {
 		sfs_found_release(&f);
 		return ret;
@@ -330,10 +330,14 @@ int sfs_entry_reply(fuse_req_t req, struct sfs_node *n)
 
 void sfs_op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
-	struct sfs_node *dir = sfs_node_get(parent);
-	struct sfs_node *n;
+	struct sfs_node *dir, *n;
 	int ret;
 
+	ret = sfs_node_get_pinned(parent, &dir);
+	if (ret < 0) {
+		sfs_reply_err(req, ret);
+		return;
+	}
 	ret = sfs_lookup_node(dir, name, &n);
 	if (ret == -ENOENT) {
 		/* A negative entry the kernel may cache. */
@@ -341,12 +345,11 @@ void sfs_op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 					      .entry_timeout = sfs->timeout };
 
 		fuse_reply_entry(req, &e);
-		return;
-	}
-	if (ret < 0) {
+	} else if (ret < 0) {
 		sfs_reply_err(req, ret);
-		return;
+	} else {
+		sfs_entry_reply(req, n);
+		sfs_node_release(n);
 	}
-	sfs_entry_reply(req, n);
-	sfs_node_unref(n);
+	sfs_node_unpin(dir);
 }

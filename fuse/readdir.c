@@ -225,7 +225,7 @@ static int sfs_dir_list_mode(struct sfs_node *dir, bool want_ino,
 			     struct sfs_dirent **out, size_t *count)
 {
 	struct sfs_lister l = { .want_ino = want_ino };
-	int upper = atomic_load(&dir->upper);
+	int upper = sfs_upper(dir);
 	int ret;
 
 	uint64_t parent_ino;
@@ -351,14 +351,14 @@ static size_t sfs_add_plus(fuse_req_t req, struct sfs_dir *d, char *p,
 		return 0;
 	}
 	if (sfs_fill_entry(n, &e) < 0) {
-		sfs_node_unref(n);
+		sfs_node_release(n);
 		*skip = true;
 		return 0;
 	}
 	len = fuse_add_direntry_plus(req, p, rem, de->name, &e, next);
 	if (len <= rem)
 		sfs_node_lookup_inc(n);
-	sfs_node_unref(n);
+	sfs_node_release(n);
 	return len;
 }
 
@@ -374,10 +374,17 @@ static void sfs_do_readdir(fuse_req_t req, size_t size, off_t off,
 		fuse_reply_err(req, ENOMEM);
 		return;
 	}
+	ret = sfs_node_pin(d->node);
+	if (ret < 0) {
+		free(buf);
+		sfs_reply_err(req, ret);
+		return;
+	}
 	pthread_mutex_lock(&d->lock);
 	ret = sfs_dir_load(d, off);
 	if (ret < 0) {
 		pthread_mutex_unlock(&d->lock);
+		sfs_node_unpin(d->node);
 		free(buf);
 		sfs_reply_err(req, ret);
 		return;
@@ -403,6 +410,7 @@ static void sfs_do_readdir(fuse_req_t req, size_t size, off_t off,
 		rem -= len;
 	}
 	pthread_mutex_unlock(&d->lock);
+	sfs_node_unpin(d->node);
 	fuse_reply_buf(req, buf, size - rem);
 	free(buf);
 }
@@ -439,11 +447,15 @@ void sfs_op_releasedir(fuse_req_t req, fuse_ino_t ino,
 void sfs_op_fsyncdir(fuse_req_t req, fuse_ino_t ino, int datasync,
 		     struct fuse_file_info *fi)
 {
-	struct sfs_node *n = sfs_node_get(ino);
-	int upper = atomic_load(&n->upper);
-	int ret = 0;
+	struct sfs_node *n;
+	int upper, ret = sfs_node_get_pinned(ino, &n);
 
-	if (upper >= 0 && (datasync ? fdatasync(upper) : fsync(upper)) < 0)
-		ret = -errno;
+	if (ret == 0) {
+		upper = sfs_upper(n);
+		if (upper >= 0 &&
+		    (datasync ? fdatasync(upper) : fsync(upper)) < 0)
+			ret = -errno;
+		sfs_node_unpin(n);
+	}
 	sfs_reply_err(req, ret);
 }

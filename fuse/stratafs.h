@@ -54,6 +54,7 @@ struct sfs_params {
 struct sfs_entry {
 	int fd;			/* dir: O_RDONLY|O_DIRECTORY; else O_PATH */
 	int layer;		/* 0 upper, 1.. lowers top first */
+	struct file_handle *fh;	/* reopens the entry after parking */
 };
 
 struct sfs_node {
@@ -67,7 +68,18 @@ struct sfs_node {
 	struct sfs_node *parent;	/* referenced; NULL for root */
 	char *name;
 	mode_t type;		/* S_IFMT bits */
-	_Atomic int upper;	/* upper entry fd or -1 (atomic: read unlocked) */
+	/*
+	 * Descriptors are valid while the node is pinned (sfs_node_pin): an
+	 * idle node may be parked, its descriptors closed and reopened from
+	 * file handles on the next pin, so a tree of any size fits under the
+	 * open-file limit.
+	 */
+	struct sfs_entry up;	/* the upper entry, once has_upper */
+	atomic_bool has_upper;	/* set once, at lookup or copy-up */
+	atomic_int busy;	/* pins: operations using the descriptors */
+	atomic_bool parked;
+	atomic_bool used;	/* eviction's clock bit */
+	bool no_park;		/* a layer without file handles */
 	atomic_bool nosec;	/* no setuid/setgid/capability to drop on write */
 	atomic_int nopen;	/* open file handles */
 	bool stale;		/* unlinked and its data released */
@@ -119,6 +131,11 @@ struct sfs_fs {
 	size_t table_count;
 	struct sfs_node root;
 
+	atomic_long node_fds;	/* descriptors held by nodes */
+	long fd_budget;		/* park idle nodes above this */
+	pthread_mutex_t evict_lock;
+	size_t evict_hand;	/* clock hand over the table, under table_lock */
+
 	double timeout;		/* entry and attr timeout for the kernel */
 	struct fuse_session *se;
 };
@@ -127,9 +144,9 @@ struct sfs_fs {
 struct sfs_file {
 	struct sfs_hlink link;	/* first: the list holds these */
 	pthread_mutex_t lock;
-	int fd;
+	_Atomic int fd;
 	int oldfd;		/* the lower fd a copy-up replaced, or -1 */
-	bool upper;		/* fd is on the upper copy */
+	atomic_bool upper;	/* fd is on the upper copy */
 	int flags;
 	struct sfs_node *node;	/* referenced */
 };
@@ -171,6 +188,12 @@ static inline bool sfs_has_upper(void)
 	return sfs->upper.fd >= 0;
 }
 
+/* The node's upper descriptor, or -1 when it has no upper entry. Pinned. */
+static inline int sfs_upper(struct sfs_node *n)
+{
+	return atomic_load(&n->has_upper) ? n->up.fd : -1;
+}
+
 /* params.c */
 int sfs_params_escape(int argc, char **argv, struct fuse_args *out);
 int sfs_params_parse(struct fuse_args *args, struct sfs_params *p);
@@ -204,6 +227,12 @@ struct sfs_node *sfs_node_from_found(struct sfs_node *parent,
 				     uint64_t ino, int *err);
 void sfs_node_ref(struct sfs_node *n);
 void sfs_node_unref(struct sfs_node *n);
+int sfs_node_pin(struct sfs_node *n);
+void sfs_node_unpin(struct sfs_node *n);
+int sfs_node_get_pinned(fuse_ino_t nodeid, struct sfs_node **out);
+void sfs_node_release(struct sfs_node *n);
+void sfs_node_set_upper(struct sfs_node *n, int fd);
+void sfs_fd_budget_init(void);
 void sfs_node_lookup_inc(struct sfs_node *n);
 void sfs_node_lookup_dec(struct sfs_node *n);
 void sfs_node_unhash(struct sfs_node *n);
@@ -240,9 +269,6 @@ void sfs_op_rename(fuse_req_t req, fuse_ino_t parent, const char *name,
 		   unsigned int flags);
 void sfs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name,
 		   mode_t mode, struct fuse_file_info *fi);
-int sfs_create_entry(fuse_req_t req, struct sfs_node *dir, const char *name,
-		     mode_t mode, dev_t rdev, const char *link,
-		     struct sfs_node **out);
 
 /* readdir.c */
 int sfs_dir_list(struct sfs_node *dir, struct sfs_dirent **out,

@@ -172,7 +172,6 @@ static int sfs_setup_root(struct sfs_fs *fs)
 	r->type = S_IFDIR;
 	r->subdirs = -1;
 	r->nlookup = 1;
-	atomic_init(&r->upper, -1);
 	r->name = strdup("");
 	r->lower = calloc(fs->nlower, sizeof(*r->lower));
 	if (!r->name || !r->lower)
@@ -182,7 +181,8 @@ static int sfs_setup_root(struct sfs_fs *fs)
 
 		if (fd < 0)
 			return -errno;
-		atomic_store(&r->upper, fd);
+		r->up = (struct sfs_entry){ fd, 0, NULL };
+		atomic_store(&r->has_upper, true);
 		r->impure = sfs_dir_is_impure(fd) > 0;
 	}
 	for (int i = 0; i < fs->nlower; i++) {
@@ -192,6 +192,7 @@ static int sfs_setup_root(struct sfs_fs *fs)
 			return -errno;
 		r->nlower++;
 	}
+	atomic_fetch_add(&fs->node_fds, r->nlower + sfs_has_upper());
 	top = sfs_has_upper() ? fs->upper.fd : fs->lower[0].fd;
 	if (fstat(top, &st) < 0)
 		return -errno;
@@ -291,6 +292,7 @@ int sfs_setup(struct sfs_fs *fs)
 		goto out;
 	}
 	sfs_handles_init();
+	sfs_fd_budget_init();
 	ret = sfs_table_init(fs);
 	if (ret == 0)
 		ret = sfs_setup_root(fs);

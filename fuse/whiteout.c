@@ -86,7 +86,7 @@ int sfs_mark_impure(struct sfs_node *dir)
 
 	pthread_mutex_lock(&dir->lock);
 	if (!dir->impure) {
-		if (fsetxattr(atomic_load(&dir->upper), sfs->xattr_impure, "y",
+		if (fsetxattr(sfs_upper(dir), sfs->xattr_impure, "y",
 			      1, 0) < 0)
 			ret = -errno;
 		else

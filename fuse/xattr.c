@@ -141,51 +141,62 @@ int sfs_xattr_copy(int from, int to)
 	return ret;
 }
 
-void sfs_op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
-		     const char *value, size_t size, int flags)
+static int sfs_setxattr(struct sfs_node *n, const char *name,
+			const char *value, size_t size, int flags)
 {
-	struct sfs_node *n = sfs_node_get(ino);
 	int ret;
 
-	if (sfs_xattr_is_private(name)) {
-		fuse_reply_err(req, EOPNOTSUPP);
-		return;
-	}
-	if (S_ISLNK(n->type)) {
-		fuse_reply_err(req, EPERM);
-		return;
-	}
+	if (sfs_xattr_is_private(name))
+		return -EOPNOTSUPP;
+	if (S_ISLNK(n->type))
+		return -EPERM;
 	ret = sfs_copy_up(n);
 	atomic_store(&n->nosec, false);	/* it may be a capability */
 	if (ret == 0)
-		ret = sfs_xattr_set(atomic_load(&n->upper), name, value, size,
-				    flags);
+		ret = sfs_xattr_set(sfs_upper(n), name, value, size, flags);
+	return ret;
+}
+
+void sfs_op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
+		     const char *value, size_t size, int flags)
+{
+	struct sfs_node *n;
+	int ret = sfs_node_get_pinned(ino, &n);
+
+	if (ret == 0) {
+		ret = sfs_setxattr(n, name, value, size, flags);
+		sfs_node_unpin(n);
+	}
 	sfs_reply_err(req, ret);
+}
+
+/* Returns the value's length; with size 0 only the length is asked. */
+static int sfs_getxattr(struct sfs_node *n, const char *name, char *buf,
+			size_t size)
+{
+	if (sfs_xattr_is_private(name))
+		return -EOPNOTSUPP;
+	if (S_ISLNK(n->type))
+		return -ENODATA;
+	return sfs_xattr_get(sfs_node_datafd(n), name, buf, size);
 }
 
 void sfs_op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
 		     size_t size)
 {
-	struct sfs_node *n = sfs_node_get(ino);
+	struct sfs_node *n;
 	char *buf = NULL;
 	int ret;
 
-	if (sfs_xattr_is_private(name)) {
-		fuse_reply_err(req, EOPNOTSUPP);
+	if (size && !(buf = malloc(size))) {
+		fuse_reply_err(req, ENOMEM);
 		return;
 	}
-	if (S_ISLNK(n->type)) {
-		fuse_reply_err(req, ENODATA);
-		return;
+	ret = sfs_node_get_pinned(ino, &n);
+	if (ret == 0) {
+		ret = sfs_getxattr(n, name, buf, size);
+		sfs_node_unpin(n);
 	}
-	if (size) {
-		buf = malloc(size);
-		if (!buf) {
-			fuse_reply_err(req, ENOMEM);
-			return;
-		}
-	}
-	ret = sfs_xattr_get(sfs_node_datafd(n), name, buf, size);
 	if (ret < 0)
 		sfs_reply_err(req, ret);
 	else if (size)
@@ -195,25 +206,18 @@ void sfs_op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
 	free(buf);
 }
 
-void sfs_op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
+/* The names, private ones squeezed out; *out is NULL for none. */
+static ssize_t sfs_listxattr(struct sfs_node *n, char **out)
 {
-	struct sfs_node *n = sfs_node_get(ino);
 	char *list = NULL, *w;
 	ssize_t len;
 
-	if (S_ISLNK(n->type)) {
-		if (size)
-			fuse_reply_buf(req, NULL, 0);
-		else
-			fuse_reply_xattr(req, 0);
-		return;
-	}
+	*out = NULL;
+	if (S_ISLNK(n->type))
+		return 0;
 	len = sfs_xattr_list(sfs_node_datafd(n), &list);
-	if (len < 0) {
-		sfs_reply_err(req, (int)len);
-		return;
-	}
-	/* Squeeze the private names out in place. */
+	if (len <= 0)
+		return len;
 	w = list;
 	for (char *name = list; name < list + len;) {
 		size_t l = strlen(name) + 1;
@@ -224,8 +228,23 @@ void sfs_op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
 		}
 		name += l;
 	}
-	len = w - list;
-	if (!size)
+	*out = list;
+	return w - list;
+}
+
+void sfs_op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
+{
+	struct sfs_node *n;
+	char *list = NULL;
+	ssize_t len = sfs_node_get_pinned(ino, &n);
+
+	if (len == 0) {
+		len = sfs_listxattr(n, &list);
+		sfs_node_unpin(n);
+	}
+	if (len < 0)
+		sfs_reply_err(req, (int)len);
+	else if (!size)
 		fuse_reply_xattr(req, len);
 	else if ((size_t)len > size)
 		fuse_reply_err(req, ERANGE);
@@ -234,30 +253,36 @@ void sfs_op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
 	free(list);
 }
 
-void sfs_op_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name)
+static int sfs_removexattr(struct sfs_node *n, const char *name)
 {
-	struct sfs_node *n = sfs_node_get(ino);
 	char path[64];
-	int ret;
+	int ret = 0;
 
-	if (sfs_xattr_is_private(name)) {
-		fuse_reply_err(req, EOPNOTSUPP);
-		return;
-	}
-	if (S_ISLNK(n->type)) {
-		fuse_reply_err(req, ENODATA);
-		return;
-	}
+	if (sfs_xattr_is_private(name))
+		return -EOPNOTSUPP;
+	if (S_ISLNK(n->type))
+		return -ENODATA;
 	/* Removing what is not there must not copy anything up. */
-	ret = 0;
-	if (atomic_load(&n->upper) < 0)
+	if (!atomic_load(&n->has_upper))
 		ret = sfs_xattr_get(sfs_node_datafd(n), name, NULL, 0);
 	if (ret >= 0)
 		ret = sfs_copy_up(n);
 	if (ret == 0) {
-		sfs_proc_path(atomic_load(&n->upper), path, sizeof(path));
+		sfs_proc_path(sfs_upper(n), path, sizeof(path));
 		if (removexattr(path, name) < 0)
 			ret = -errno;
+	}
+	return ret;
+}
+
+void sfs_op_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name)
+{
+	struct sfs_node *n;
+	int ret = sfs_node_get_pinned(ino, &n);
+
+	if (ret == 0) {
+		ret = sfs_removexattr(n, name);
+		sfs_node_unpin(n);
 	}
 	sfs_reply_err(req, ret);
 }
