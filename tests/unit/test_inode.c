@@ -1,0 +1,127 @@
+/* inode.c: the inode table, stable numbers and descriptor parking. */
+#include <errno.h>
+
+#include "fixture.h"
+#include "unit.h"
+
+#define NFILES 200
+
+static void test_numbers(void)
+{
+	struct fixture fx;
+	struct sfs_node *a, *b;
+	struct stat st, real;
+
+	CHECK_EQ_INT(fixture_setup(&fx, 2, true), 0);
+	fx_file(&fx, "l1/a", "a");
+	fx_file(&fx, "l2/b", "b");
+	CHECK_EQ_INT(fx_lookup(&fx, "a", &a), 0);
+	CHECK_EQ_INT(fx_lookup(&fx, "b", &b), 0);
+	if (a && b) {
+		CHECK_EQ_INT(sfs_node_stat(a, &st), 0);
+		fstatat(fx.fd, "l1/a", &real, 0);
+		CHECK_EQ_INT(st.st_ino, sfs_ino_compose(fx.fs.lower[0].fsid,
+							real.st_ino));
+		/* one filesystem here: upper and lowers share an fsid */
+		CHECK_EQ_INT(fx.fs.lower[0].fsid, fx.fs.upper.fsid);
+		/* copy-up keeps the number */
+		CHECK_EQ_INT(sfs_copy_up(a), 0);
+		CHECK_EQ_INT(sfs_node_stat(a, &st), 0);
+		CHECK_EQ_INT(st.st_ino, sfs_ino_compose(fx.fs.lower[0].fsid,
+							real.st_ino));
+		sfs_node_release(a);
+		sfs_node_release(b);
+	}
+	/* and a fresh lookup after copy-up finds it through the xattr */
+	CHECK_EQ_INT(fx_lookup(&fx, "a", &a), 0);
+	if (a) {
+		CHECK(a->has_origin);
+		CHECK_EQ_INT(a->ino, sfs_ino_compose(fx.fs.lower[0].fsid,
+						     real.st_ino));
+		sfs_node_release(a);
+	}
+	fixture_done(&fx);
+}
+
+static void test_parking(void)
+{
+	struct sfs_node *nodes[NFILES];
+	struct fixture fx;
+	char name[32];
+	struct stat st;
+	int parked = 0;
+
+	CHECK_EQ_INT(fixture_setup(&fx, 1, true), 0);
+	for (int i = 0; i < NFILES; i++) {
+		snprintf(name, sizeof(name), "l1/f%03d", i);
+		fx_file(&fx, name, name);
+	}
+	/* a tiny budget, so that most nodes must park */
+	fx.fs.fd_budget = 32;
+	for (int i = 0; i < NFILES; i++) {
+		snprintf(name, sizeof(name), "f%03d", i);
+		CHECK_EQ_INT(sfs_lookup_node(&fx.fs.root, name, &nodes[i]), 0);
+		/* the kernel's reference keeps it in the table */
+		sfs_node_lookup_inc(nodes[i]);
+		sfs_node_release(nodes[i]);
+	}
+	CHECK(atomic_load(&fx.fs.node_fds) <= 32);
+	for (int i = 0; i < NFILES; i++)
+		parked += atomic_load(&nodes[i]->parked);
+	CHECK(parked >= NFILES - 32);
+
+	/* a parked node comes back on a pin, with the same file behind it */
+	for (int i = 0; i < NFILES; i++) {
+		char buf[32];
+		int fd;
+
+		CHECK_EQ_INT(sfs_node_pin(nodes[i]), 0);
+		CHECK(!atomic_load(&nodes[i]->parked));
+		CHECK_EQ_INT(sfs_node_stat(nodes[i], &st), 0);
+		fd = sfs_reopen(sfs_node_datafd(nodes[i]), O_RDONLY);
+		CHECK(fd >= 0);
+		if (fd >= 0) {
+			ssize_t n = read(fd, buf, sizeof(buf) - 1);
+
+			buf[n < 0 ? 0 : n] = '\0';
+			snprintf(name, sizeof(name), "l1/f%03d", i);
+			CHECK_EQ_STR(buf, name);
+			close(fd);
+		}
+		sfs_node_unpin(nodes[i]);
+	}
+	CHECK(atomic_load(&fx.fs.node_fds) <= 32);
+
+	/* a pinned node is never parked */
+	CHECK_EQ_INT(sfs_node_pin(nodes[0]), 0);
+	for (int i = 1; i < NFILES; i++) {
+		CHECK_EQ_INT(sfs_node_pin(nodes[i]), 0);
+		sfs_node_unpin(nodes[i]);
+	}
+	CHECK(!atomic_load(&nodes[0]->parked));
+	CHECK_EQ_INT(sfs_node_stat(nodes[0], &st), 0);
+	sfs_node_unpin(nodes[0]);
+
+	/* a file removed behind a parked node's back gives ESTALE, no crash */
+	for (int i = 0; i < NFILES && !atomic_load(&nodes[5]->parked); i++) {
+		CHECK_EQ_INT(sfs_node_pin(nodes[i]), 0);
+		sfs_node_unpin(nodes[i]);
+	}
+	if (atomic_load(&nodes[5]->parked)) {
+		unlinkat(fx.fd, "l1/f005", 0);
+		CHECK_EQ_INT(sfs_node_pin(nodes[5]), -ESTALE);
+	}
+	for (int i = 0; i < NFILES; i++)
+		sfs_node_lookup_dec(nodes[i]);
+	CHECK_EQ_INT(fx.fs.table_count, 0);
+	fixture_done(&fx);
+}
+
+int main(void)
+{
+	if (geteuid() != 0)
+		return 77;
+	test_numbers();
+	test_parking();
+	return unit_done("test_inode");
+}

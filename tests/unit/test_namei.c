@@ -1,0 +1,127 @@
+/* namei.c: lookup through layers by the kernel's rules. */
+#include <errno.h>
+
+#include "fixture.h"
+#include "unit.h"
+
+static void test_rules(void)
+{
+	struct fixture fx;
+	struct sfs_node *n;
+
+	CHECK_EQ_INT(fixture_setup(&fx, 3, true), 0);
+	/* topmost wins */
+	fx_file(&fx, "l1/a", "top");
+	fx_file(&fx, "l2/a", "below");
+	/* a file hides a lower dir, and a dir a lower file */
+	fx_file(&fx, "l1/f", "file");
+	fx_dir(&fx, "l2/f");
+	fx_dir(&fx, "l1/d");
+	fx_file(&fx, "l2/d", "file");
+	/* a whiteout in a middle layer hides deeper ones */
+	fx_whiteout(&fx, "l2/w");
+	fx_file(&fx, "l3/w", "hidden");
+	/* directories merge down to an opaque one */
+	fx_dir(&fx, "l1/m");
+	fx_dir(&fx, "l2/m");
+	fx_opaque(&fx, "l2/m");
+	fx_dir(&fx, "l3/m");
+	/* OCI markers in lower layers */
+	fx_file(&fx, "l1/.wh.oci", "");
+	fx_file(&fx, "l2/oci", "hidden");
+	fx_dir(&fx, "l1/o");
+	fx_file(&fx, "l1/o/.wh..wh..opq", "");
+	fx_dir(&fx, "l2/o");
+
+	CHECK_EQ_INT(fx_lookup(&fx, "a", &n), 0);
+	if (n) {
+		CHECK_EQ_INT(n->nlower, 1);
+		CHECK_EQ_INT(n->lower[0].layer, 1);
+		CHECK(!atomic_load(&n->has_upper));
+		sfs_node_release(n);
+	}
+	CHECK_EQ_INT(fx_lookup(&fx, "f", &n), 0);
+	if (n) {
+		CHECK(S_ISREG(n->type));
+		CHECK_EQ_INT(n->nlower, 1);
+		sfs_node_release(n);
+	}
+	CHECK_EQ_INT(fx_lookup(&fx, "d", &n), 0);
+	if (n) {
+		CHECK(S_ISDIR(n->type));
+		CHECK_EQ_INT(n->nlower, 1);
+		sfs_node_release(n);
+	}
+	CHECK_EQ_INT(fx_lookup(&fx, "w", &n), -ENOENT);
+	CHECK_EQ_INT(fx_lookup(&fx, "m", &n), 0);
+	if (n) {
+		CHECK_EQ_INT(n->nlower, 2);	/* l1 and the opaque l2 */
+		sfs_node_release(n);
+	}
+	CHECK_EQ_INT(fx_lookup(&fx, "oci", &n), -ENOENT);
+	CHECK_EQ_INT(fx_lookup(&fx, ".wh.oci", &n), -ENOENT);
+	CHECK_EQ_INT(fx_lookup(&fx, "o", &n), 0);
+	if (n) {
+		CHECK_EQ_INT(n->nlower, 1);
+		sfs_node_release(n);
+	}
+	CHECK_EQ_INT(sfs_lower_positive(&fx.fs.root, "a"), 1);
+	CHECK_EQ_INT(sfs_lower_positive(&fx.fs.root, "w"), 0);
+	CHECK_EQ_INT(sfs_lower_positive(&fx.fs.root, "nope"), 0);
+	fixture_done(&fx);
+}
+
+static void test_upper(void)
+{
+	struct fixture fx;
+	struct sfs_node *n, *again;
+
+	CHECK_EQ_INT(fixture_setup(&fx, 1, true), 0);
+	fx_file(&fx, "l1/gone", "lower");
+	fx_whiteout(&fx, "u/gone");
+	fx_dir(&fx, "l1/dir");
+	fx_file(&fx, "l1/dir/x", "x");
+	fx_dir(&fx, "u/dir");
+	fx_opaque(&fx, "u/dir");
+	fx_dir(&fx, "l1/old");
+	fx_file(&fx, "l1/old/y", "y");
+	fx_dir(&fx, "u/moved");
+	{
+		int fd = openat(fx.fd, "u/moved", O_RDONLY | O_DIRECTORY);
+
+		fsetxattr(fd, "trusted.overlay.redirect", "/old", 4, 0);
+		close(fd);
+	}
+
+	CHECK_EQ_INT(fx_lookup(&fx, "gone", &n), -ENOENT);
+	CHECK_EQ_INT(fx_lookup(&fx, "dir", &n), 0);
+	if (n) {
+		CHECK(n->opaque);
+		CHECK_EQ_INT(n->nlower, 0);
+		sfs_node_release(n);
+	}
+	CHECK_EQ_INT(fx_lookup(&fx, "dir/x", &n), -ENOENT);
+	/* a redirect finds the lower part where it was */
+	CHECK_EQ_INT(fx_lookup(&fx, "moved/y", &n), 0);
+	if (n)
+		sfs_node_release(n);
+	/* one file, one node */
+	CHECK_EQ_INT(fx_lookup(&fx, "moved", &n), 0);
+	CHECK_EQ_INT(fx_lookup(&fx, "moved", &again), 0);
+	CHECK(n == again);
+	if (n) {
+		CHECK_EQ_STR(n->redirect, "/old");
+		sfs_node_release(n);
+		sfs_node_release(again);
+	}
+	fixture_done(&fx);
+}
+
+int main(void)
+{
+	if (geteuid() != 0)
+		return 77;
+	test_rules();
+	test_upper();
+	return unit_done("test_namei");
+}

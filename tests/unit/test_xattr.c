@@ -1,0 +1,51 @@
+/* xattr.c: private names, copying, the origin number. */
+#include <errno.h>
+
+#include "fixture.h"
+#include "unit.h"
+
+int main(void)
+{
+	struct fixture fx;
+	uint64_t ino = 0;
+	char buf[16];
+	int a, b;
+
+	if (geteuid() != 0)
+		return 77;
+	CHECK_EQ_INT(fixture_setup(&fx, 1, true), 0);
+	CHECK(sfs_xattr_is_private("trusted.overlay.opaque"));
+	CHECK(sfs_xattr_is_private("trusted.overlay.strata.ino"));
+	CHECK(!sfs_xattr_is_private("trusted.overlayfoo"));
+	CHECK(!sfs_xattr_is_private("user.overlay.opaque"));
+	CHECK(!sfs_xattr_is_private("security.capability"));
+
+	fx_file(&fx, "l1/a", "");
+	fx_file(&fx, "u/b", "");
+	a = openat(fx.fd, "l1/a", O_PATH);
+	b = openat(fx.fd, "u/b", O_PATH);
+	CHECK_EQ_INT(sfs_xattr_set(a, "user.one", "1", 1, 0), 0);
+	CHECK_EQ_INT(sfs_xattr_set(a, "trusted.x", "2", 1, 0), 0);
+	CHECK_EQ_INT(sfs_xattr_set(a, "trusted.overlay.opaque", "y", 1, 0), 0);
+	CHECK_EQ_INT(sfs_xattr_copy(a, b), 0);
+	CHECK_EQ_INT(sfs_xattr_get(b, "user.one", buf, sizeof(buf)), 1);
+	CHECK_EQ_INT(sfs_xattr_get(b, "trusted.x", buf, sizeof(buf)), 1);
+	CHECK_EQ_INT(sfs_xattr_get(b, "trusted.overlay.opaque", buf,
+				   sizeof(buf)), -ENODATA);
+	CHECK_EQ_INT(sfs_xattr_get(b, "user.none", buf, sizeof(buf)), -ENODATA);
+	CHECK_EQ_INT(sfs_xattr_get(b, "user.one", buf, 0), 1);
+
+	/* the origin number, on regular files and symlinks alike */
+	CHECK_EQ_INT(sfs_origin_get(fx.fd, "u/b", &ino), 0);
+	CHECK_EQ_INT(sfs_origin_set(fx.fd, "u/b", 0x0100000000001234ULL), 0);
+	CHECK_EQ_INT(sfs_origin_get(fx.fd, "u/b", &ino), 1);
+	CHECK_EQ_INT(ino, 0x0100000000001234ULL);
+	symlinkat("b", fx.fd, "u/s");
+	CHECK_EQ_INT(sfs_origin_set(fx.fd, "u/s", 42), 0);
+	CHECK_EQ_INT(sfs_origin_get(fx.fd, "u/s", &ino), 1);
+	CHECK_EQ_INT(ino, 42);
+	close(a);
+	close(b);
+	fixture_done(&fx);
+	return unit_done("test_xattr");
+}
