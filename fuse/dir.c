@@ -24,9 +24,10 @@ struct sfs_newent {
 	gid_t gid;
 };
 
+/* Creates one entry with its owner; on failure nothing is left. */
 static int sfs_make_at(int dirfd, const char *name, const struct sfs_newent *ne)
 {
-	int fd;
+	int fd, ret;
 
 	switch (ne->mode & S_IFMT) {
 	case S_IFREG:
@@ -49,13 +50,16 @@ static int sfs_make_at(int dirfd, const char *name, const struct sfs_newent *ne)
 			return -errno;
 		break;
 	}
+	ret = 0;
 	if (fchownat(dirfd, name, ne->uid, ne->gid, AT_SYMLINK_NOFOLLOW) < 0)
-		return -errno;
+		ret = -errno;
 	/* chown cleared setuid/setgid; the caller asked for them */
-	if (!S_ISLNK(ne->mode) && (ne->mode & (S_ISUID | S_ISGID)) &&
-	    fchmodat(dirfd, name, ne->mode & 07777, 0) < 0)
-		return -errno;
-	return 0;
+	else if (!S_ISLNK(ne->mode) && (ne->mode & (S_ISUID | S_ISGID)) &&
+		 fchmodat(dirfd, name, ne->mode & 07777, 0) < 0)
+		ret = -errno;
+	if (ret < 0)
+		sfs_unlinkat(dirfd, name, S_ISDIR(ne->mode) ? AT_REMOVEDIR : 0);
+	return ret;
 }
 
 /* 1 when the upper directory holds a whiteout at NAME, 0 when nothing. */
@@ -98,11 +102,8 @@ static int sfs_create(struct sfs_node *dir, const char *name,
 		return ret;
 	if (ret == 0) {
 		ret = sfs_make_at(dirfd, name, ne);
-		if (ret < 0) {
-			sfs_unlinkat(dirfd, name, S_ISDIR(ne->mode) ?
-					     AT_REMOVEDIR : 0);
+		if (ret < 0)
 			return ret;
-		}
 	} else {
 		/*
 		 * Over a whiteout: build it in the workdir and swap it in.

@@ -133,8 +133,7 @@ static void test_readonly(void)
 
 int main(void)
 {
-	if (geteuid() != 0)
-		return 77;
+	UNIT_REQUIRE_ROOT();
 	test_file();
 	test_meta_only_and_special();
 	test_readonly();

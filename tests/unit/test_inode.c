@@ -119,8 +119,7 @@ static void test_parking(void)
 
 int main(void)
 {
-	if (geteuid() != 0)
-		return 77;
+	UNIT_REQUIRE_ROOT();
 	test_numbers();
 	test_parking();
 	return unit_done("test_inode");

@@ -119,8 +119,7 @@ static void test_upper(void)
 
 int main(void)
 {
-	if (geteuid() != 0)
-		return 77;
+	UNIT_REQUIRE_ROOT();
 	test_rules();
 	test_upper();
 	return unit_done("test_namei");

@@ -22,8 +22,7 @@ int main(void)
 	size_t count;
 	int64_t subdirs;
 
-	if (geteuid() != 0)
-		return 77;
+	UNIT_REQUIRE_ROOT();
 	CHECK_EQ_INT(fixture_setup(&fx, 2, true), 0);
 	fx_file(&fx, "u/up", "");
 	fx_whiteout(&fx, "u/gone");

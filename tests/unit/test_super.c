@@ -91,8 +91,7 @@ static void test_work(void)
 
 int main(void)
 {
-	if (geteuid() != 0)
-		return 77;
+	UNIT_REQUIRE_ROOT();
 	test_refusals();
 	test_work();
 	return unit_done("test_super");

@@ -112,10 +112,7 @@ int main(void)
 	char tmpl[] = "/tmp/strata-unit-XXXXXX";
 	int root, dir, probe;
 
-	if (geteuid() != 0) {
-		fprintf(stderr, "needs root (trusted.* xattrs, mknod)\n");
-		return 77;
-	}
+	UNIT_REQUIRE_ROOT();
 	if (!mkdtemp(tmpl))
 		return 1;
 	sfs = &fs;

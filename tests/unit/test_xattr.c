@@ -11,8 +11,7 @@ int main(void)
 	char buf[16];
 	int a, b;
 
-	if (geteuid() != 0)
-		return 77;
+	UNIT_REQUIRE_ROOT();
 	CHECK_EQ_INT(fixture_setup(&fx, 1, true), 0);
 	CHECK(sfs_xattr_is_private("trusted.overlay.opaque"));
 	CHECK(sfs_xattr_is_private("trusted.overlay.strata.ino"));
