@@ -96,6 +96,32 @@ int sfs_mark_impure(struct sfs_node *dir)
 	return ret;
 }
 
+/*
+ * A redirect is an absolute path of plain names, or one plain name (the
+ * kernel's relative form). Anything else ("..", ".", empty components,
+ * NUL bytes) could lead a lookup out of the layers: it is ignored, as
+ * the kernel ignores redirects it cannot verify.
+ */
+static bool sfs_redirect_valid(const char *r, size_t len)
+{
+	const char *p = r, *end = r + len;
+
+	if (strlen(r) != len)
+		return false;
+	if (*p != '/')
+		return !strchr(r, '/') && strcmp(r, ".") && strcmp(r, "..");
+	while (p < end) {
+		const char *c = ++p, *slash = memchr(c, '/', end - c);
+		size_t l = (slash ? slash : end) - c;
+
+		if (l == 0 || (l == 1 && c[0] == '.') ||
+		    (l == 2 && c[0] == '.' && c[1] == '.'))
+			return false;
+		p = c + l;
+	}
+	return true;
+}
+
 int sfs_get_redirect(int dirfd, char **out)
 {
 	char buf[4096];
@@ -108,6 +134,10 @@ int sfs_get_redirect(int dirfd, char **out)
 	if (n == 0)
 		return 0;
 	buf[n] = '\0';
+	if (!sfs_redirect_valid(buf, n)) {
+		strata_warn("ignoring invalid redirect '%s'", buf);
+		return 0;
+	}
 	*out = strdup(buf);
 	return *out ? 0 : -ENOMEM;
 }

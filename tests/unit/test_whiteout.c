@@ -96,6 +96,21 @@ static void test_xattrs(int dir)
 	CHECK_EQ_INT(sfs_get_redirect(sub, &redirect), 0);
 	CHECK_EQ_STR(redirect, "/a/b");
 	free(redirect);
+	/* hostile redirects are ignored, never walked */
+	{
+		static const char *const bad[] = { "/a/../../etc", "/..", "/a//b",
+						   "/./a", "a/b", "..", "." };
+
+		for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+			CHECK_EQ_INT(sfs_set_redirect(sub, bad[i]), 0);
+			CHECK_EQ_INT(sfs_get_redirect(sub, &redirect), 0);
+			CHECK(redirect == NULL);
+		}
+		CHECK_EQ_INT(sfs_set_redirect(sub, "name"), 0);
+		CHECK_EQ_INT(sfs_get_redirect(sub, &redirect), 0);
+		CHECK_EQ_STR(redirect, "name");
+		free(redirect);
+	}
 	close(sub);
 
 	/* OCI layers mark opacity with an entry, honoured in lower layers only */
