@@ -109,19 +109,24 @@ static int sfs_copy_up_other(struct sfs_node *n, const char *tmp,
 	return 0;
 }
 
+/* Caller holds n->lock and a pin on its parent. */
 static int sfs_copy_up_xattrs(struct sfs_node *n, const char *tmp,
 			      const struct stat *st)
 {
-	int fd, ret;
+	struct sfs_xpath from, to;
+	int ret;
 
-	if (S_ISLNK(st->st_mode))
-		return 0;	/* no xattrs through /proc for symlinks */
-	fd = openat(sfs->tmpfd, tmp, O_PATH | O_NOFOLLOW | O_CLOEXEC);
-	if (fd < 0)
-		return -errno;
-	ret = sfs_xattr_copy(n->lower[0].fd, fd);
-	close(fd);
-	return ret;
+	if (S_ISLNK(st->st_mode)) {
+		ret = sfs_xpath_lower_name(&from, n->parent, n);
+	} else {
+		from.follow = true;
+		from.tmp[0] = '\0';
+		from.parent = NULL;
+		ret = sfs_proc_path(n->lower[0].fd, from.path, sizeof(from.path));
+	}
+	if (ret == 0)
+		ret = sfs_xpath_entry(&to, sfs->tmpfd, tmp);
+	return ret < 0 ? ret : sfs_xattr_copy(&from, &to);
 }
 
 /* Owner, xattrs, our origin, mode and times, on the finished work/tmp. */
@@ -186,12 +191,12 @@ static int sfs_copy_up_locked(struct sfs_node *n, int dirfd, bool data)
 	ret = sfs_tmp_name(tmp, sizeof(tmp));
 	if (ret < 0)
 		return ret;
-	if (S_ISREG(st.st_mode)) {
-		index = st.st_nlink > 1 && sfs->indexfd >= 0;
+	/* any non-directory with several names goes through the index */
+	index = !S_ISDIR(st.st_mode) && st.st_nlink > 1 && sfs->indexfd >= 0;
+	if (S_ISREG(st.st_mode))
 		ret = sfs_copy_up_reg(n, tmp, &st, data);
-	} else {
+	else
 		ret = sfs_copy_up_other(n, tmp, &st);
-	}
 	if (ret == 0)
 		ret = sfs_copy_up_attrs(n, tmp, &st);
 	if (ret == 0)

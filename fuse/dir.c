@@ -303,7 +303,7 @@ static int sfs_prepare_nlink_change(struct sfs_node *n)
 	struct stat st;
 	int ret;
 
-	if (!S_ISREG(n->type) || sfs_upper(n) >= 0)
+	if (S_ISDIR(n->type) || atomic_load(&n->has_upper))
 		return 0;
 	ret = sfs_fstat(n->lower[0].fd, &st);
 	if (ret == 0 && st.st_nlink > 1)

@@ -541,13 +541,12 @@ void sfs_node_dir_changed(struct sfs_node *dir, int subdir_delta)
  */
 int sfs_index_nlink_init(const char *tmp, nlink_t nlink)
 {
-	char path[PATH_MAX];
+	struct sfs_xpath x;
 	uint64_t val = nlink;
+	int ret = sfs_xpath_entry(&x, sfs->tmpfd, tmp);
 
-	snprintf(path, sizeof(path), "/proc/self/fd/%d/%s", sfs->tmpfd, tmp);
-	if (setxattr(path, sfs->xattr_nlink, &val, sizeof(val), 0) < 0)
-		return -errno;
-	return 0;
+	return ret < 0 ? ret : sfs_xattr_set(&x, sfs->xattr_nlink, &val,
+					     sizeof(val), 0);
 }
 
 /* Caller holds n->lock. */
@@ -558,8 +557,7 @@ static int sfs_index_nlink_load(struct sfs_node *n)
 
 	if (n->index_nlink >= 0)
 		return 0;
-	ret = sfs_xattr_get(sfs_upper(n), sfs->xattr_nlink, &val,
-			    sizeof(val));
+	ret = sfs_node_xattr_get(n, sfs->xattr_nlink, &val, sizeof(val));
 	if (ret != sizeof(val))
 		return ret < 0 ? ret : -EIO;
 	n->index_nlink = val;
@@ -576,8 +574,8 @@ int sfs_index_nlink_add(struct sfs_node *n, int delta)
 	ret = sfs_index_nlink_load(n);
 	if (ret == 0) {
 		val = n->index_nlink + delta > 0 ? n->index_nlink + delta : 0;
-		ret = sfs_xattr_set(sfs_upper(n), sfs->xattr_nlink,
-				    &val, sizeof(val), 0);
+		ret = sfs_node_xattr_set(n, sfs->xattr_nlink, &val,
+					 sizeof(val), 0);
 		if (ret == 0) {
 			n->index_nlink = val;
 			ret = (int)val;
@@ -664,7 +662,6 @@ static int sfs_set_times(struct sfs_node *n, int fd, const struct stat *attr,
 		{ .tv_nsec = UTIME_OMIT }, { .tv_nsec = UTIME_OMIT }
 	};
 	char path[64];
-	int ret = 0;
 
 	if (valid & FUSE_SET_ATTR_ATIME_NOW)
 		tv[0].tv_nsec = UTIME_NOW;
@@ -675,24 +672,11 @@ static int sfs_set_times(struct sfs_node *n, int fd, const struct stat *attr,
 	else if (valid & FUSE_SET_ATTR_MTIME)
 		tv[1] = attr->st_mtim;
 
-	if (S_ISLNK(n->type)) {
-		/* /proc links cannot stand for a symlink: use its name. */
-		struct sfs_node *parent;
-
-		pthread_mutex_lock(&n->lock);
-		parent = n->parent;
-		sfs_node_ref(parent);
-		ret = sfs_node_pin(parent);
-		if (ret == 0) {
-			if (utimensat(sfs_upper(parent), n->name, tv,
-				      AT_SYMLINK_NOFOLLOW) < 0)
-				ret = -errno;
-			sfs_node_unpin(parent);
-		}
-		pthread_mutex_unlock(&n->lock);
-		sfs_node_unref(parent);
-		return ret;
-	}
+	/* a /proc link cannot stand for a symlink; the O_PATH fd can */
+	if (S_ISLNK(n->type))
+		return utimensat(sfs_upper(n), "", tv,
+				 AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) < 0 ?
+			       -errno : 0;
 	if (fd >= 0)
 		return futimens(fd, tv) < 0 ? -errno : 0;
 	sfs_proc_path(sfs_node_datafd(n), path, sizeof(path));

@@ -1,21 +1,378 @@
 /*
  * The I/O engine: every byte of file data that stratafs moves goes
  * through these functions, so the handlers never touch read(2) or
- * write(2) themselves and a different engine (io_uring) can take over
- * here alone. The functions that take a request reply to it themselves,
- * which lets an asynchronous engine reply from its completion thread.
+ * write(2) themselves. The functions that take a request reply to it.
  *
- * This is the synchronous engine: reads are spliced from the backing
- * file into the FUSE device where the kernel allows it.
+ * Two engines:
+ * - uring (the default): each FUSE worker thread submits to its own
+ *   io_uring and goes back to the FUSE device at once; one completion
+ *   thread reaps every ring and sends the replies (the low-level API
+ *   lets any thread reply). A worker is never blocked on backing I/O,
+ *   so reads and writes to different files overlap.
+ * - sync: pread/pwrite in the worker, reads spliced from the backing
+ *   file into the FUSE device. Used where io_uring is unavailable
+ *   (kernel.io_uring_disabled, seccomp, old kernels) with the same
+ *   results, and by choice with -o io=sync.
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <liburing.h>
+#include <semaphore.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <unistd.h>
 
 #include "stratafs.h"
 
-void sfs_io_read(fuse_req_t req, int fd, size_t size, off_t off)
+/*
+ * The kernel fills read buffers behind valgrind's back; without this
+ * every io_uring read would be reported as uninitialised memory.
+ */
+#ifdef HAVE_VALGRIND_MEMCHECK_H
+#include <valgrind/memcheck.h>
+#else
+#define VALGRIND_MAKE_MEM_DEFINED(addr, len) ((void)(addr), (void)(len))
+#endif
+
+#define SFS_RING_ENTRIES 64
+
+struct sfs_ring {
+	struct io_uring uring;
+	int efd;		/* signalled by the kernel on completions */
+	struct sfs_ring *next;	/* every ring, for teardown */
+	struct sfs_ring *free_next;
+};
+
+struct sfs_io_op {
+	void (*done)(struct sfs_io_op *op, int res);
+	fuse_req_t req;
+	char *buf;
+	size_t len;
+	off_t off;
+	int fd;
+	bool write;
+	sem_t sem;		/* synchronous callers wait here */
+	ssize_t res;
+};
+
+static struct {
+	bool uring;
+	int epfd;
+	int stopfd;
+	pthread_t reaper;
+	pthread_mutex_t lock;	/* guards the ring lists */
+	struct sfs_ring *rings;
+	struct sfs_ring *free;
+	pthread_key_t key;
+} sfs_io = { .epfd = -1, .stopfd = -1 };
+
+static __thread struct sfs_ring *sfs_tls_ring;
+
+bool sfs_io_is_uring(void)
+{
+	return sfs_io.uring;
+}
+
+/* ---- synchronous primitives, shared by both engines ---- */
+
+static ssize_t sfs_io_pread_sync(int fd, void *buf, size_t len, off_t off)
+{
+	ssize_t n;
+
+	do {
+		n = pread(fd, buf, len, off);
+	} while (n < 0 && errno == EINTR);
+	return n < 0 ? -errno : n;
+}
+
+static ssize_t sfs_io_pwrite_sync(int fd, const void *buf, size_t len,
+				  off_t off)
+{
+	size_t done = 0;
+
+	while (done < len) {
+		ssize_t n = pwrite(fd, (const char *)buf + done, len - done,
+				   off + done);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			return done ? (ssize_t)done : -errno;
+		done += n;
+	}
+	return done;
+}
+
+/* ---- the uring engine ---- */
+
+/* A worker's ring goes back to the pool when the worker exits. */
+static void sfs_ring_release(void *arg)
+{
+	struct sfs_ring *r = arg;
+
+	pthread_mutex_lock(&sfs_io.lock);
+	r->free_next = sfs_io.free;
+	sfs_io.free = r;
+	pthread_mutex_unlock(&sfs_io.lock);
+}
+
+static struct sfs_ring *sfs_ring_new(void)
+{
+	struct epoll_event ev = { .events = EPOLLIN };
+	struct sfs_ring *r = calloc(1, sizeof(*r));
+
+	if (!r)
+		return NULL;
+	if (io_uring_queue_init(SFS_RING_ENTRIES, &r->uring, 0) < 0)
+		goto out_free;
+	r->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (r->efd < 0)
+		goto out_queue;
+	if (io_uring_register_eventfd(&r->uring, r->efd) < 0)
+		goto out_efd;
+	ev.data.ptr = r;
+	if (epoll_ctl(sfs_io.epfd, EPOLL_CTL_ADD, r->efd, &ev) < 0)
+		goto out_efd;
+	return r;
+
+out_efd:
+	close(r->efd);
+out_queue:
+	io_uring_queue_exit(&r->uring);
+out_free:
+	free(r);
+	return NULL;
+}
+
+/* The calling thread's ring: its own, one from the pool, or a new one. */
+static struct sfs_ring *sfs_ring_get(void)
+{
+	struct sfs_ring *r = sfs_tls_ring;
+
+	if (r)
+		return r;
+	pthread_mutex_lock(&sfs_io.lock);
+	r = sfs_io.free;
+	if (r) {
+		sfs_io.free = r->free_next;
+	} else {
+		r = sfs_ring_new();
+		if (r) {
+			r->next = sfs_io.rings;
+			sfs_io.rings = r;
+		}
+	}
+	pthread_mutex_unlock(&sfs_io.lock);
+	if (r) {
+		sfs_tls_ring = r;
+		pthread_setspecific(sfs_io.key, r);
+	}
+	return r;
+}
+
+/* Submits one read or write; false when the ring cannot take it. */
+static bool sfs_ring_submit(struct sfs_io_op *op, bool write)
+{
+	struct sfs_ring *r = sfs_ring_get();
+	struct io_uring_sqe *sqe;
+
+	if (!r)
+		return false;
+	sqe = io_uring_get_sqe(&r->uring);
+	if (!sqe) {
+		io_uring_submit(&r->uring);
+		sqe = io_uring_get_sqe(&r->uring);
+		if (!sqe)
+			return false;
+	}
+	if (write)
+		io_uring_prep_write(sqe, op->fd, op->buf, op->len, op->off);
+	else
+		io_uring_prep_read(sqe, op->fd, op->buf, op->len, op->off);
+	io_uring_sqe_set_data(sqe, op);
+	return io_uring_submit(&r->uring) >= 1;
+}
+
+/*
+ * The completion side. Short writes and EAGAIN are finished here
+ * synchronously: rare, and a ring has one submitter (its worker).
+ */
+static void sfs_ring_complete(struct sfs_io_op *op, int res, bool write)
+{
+	if (!write && res > 0)
+		VALGRIND_MAKE_MEM_DEFINED(op->buf, res);
+	if (res == -EAGAIN || res == -EINTR)
+		res = write ? sfs_io_pwrite_sync(op->fd, op->buf, op->len, op->off)
+			    : sfs_io_pread_sync(op->fd, op->buf, op->len, op->off);
+	else if (write && res >= 0 && (size_t)res < op->len) {
+		ssize_t more = sfs_io_pwrite_sync(op->fd, op->buf + res,
+						  op->len - res, op->off + res);
+
+		if (more > 0)
+			res += more;
+	}
+	op->done(op, res);
+}
+
+static void sfs_ring_reap(struct sfs_ring *r)
+{
+	struct io_uring_cqe *cqe;
+	eventfd_t v;
+
+	eventfd_read(r->efd, &v);
+	while (io_uring_peek_cqe(&r->uring, &cqe) == 0) {
+		struct sfs_io_op *op = io_uring_cqe_get_data(cqe);
+		int res = cqe->res;
+
+		io_uring_cqe_seen(&r->uring, cqe);
+		if (op)
+			sfs_ring_complete(op, res, op->write);
+	}
+}
+
+static void *sfs_io_reaper(void *arg)
+{
+	struct epoll_event evs[16];
+
+	for (;;) {
+		int n = epoll_wait(sfs_io.epfd, evs, 16, -1);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			break;
+		for (int i = 0; i < n; i++) {
+			if (!evs[i].data.ptr)
+				return NULL;	/* the stop event */
+			sfs_ring_reap(evs[i].data.ptr);
+		}
+	}
+	return NULL;
+}
+
+static int sfs_io_uring_init(void)
+{
+	struct epoll_event ev = { .events = EPOLLIN, .data.ptr = NULL };
+	struct io_uring probe;
+	int ret;
+
+	/* One try up front, so an unusable io_uring is reported once. */
+	ret = io_uring_queue_init(2, &probe, 0);
+	if (ret < 0)
+		return ret;
+	io_uring_queue_exit(&probe);
+
+	sfs_io.epfd = epoll_create1(EPOLL_CLOEXEC);
+	sfs_io.stopfd = eventfd(0, EFD_CLOEXEC);
+	if (sfs_io.epfd < 0 || sfs_io.stopfd < 0)
+		return -errno;
+	if (epoll_ctl(sfs_io.epfd, EPOLL_CTL_ADD, sfs_io.stopfd, &ev) < 0)
+		return -errno;
+	pthread_mutex_init(&sfs_io.lock, NULL);
+	ret = pthread_key_create(&sfs_io.key, sfs_ring_release);
+	if (ret)
+		return -ret;
+	ret = pthread_create(&sfs_io.reaper, NULL, sfs_io_reaper, NULL);
+	if (ret) {
+		pthread_key_delete(sfs_io.key);
+		return -ret;
+	}
+	return 0;
+}
+
+int sfs_io_init(const char *engine)
+{
+	int ret;
+
+	if (engine && !strcmp(engine, "sync"))
+		return 0;
+	ret = sfs_io_uring_init();
+	if (ret < 0) {
+		strata_warn("io_uring is unavailable (%s): using the sync engine",
+			    strerror(-ret));
+		if (sfs_io.epfd >= 0)
+			close(sfs_io.epfd);
+		if (sfs_io.stopfd >= 0)
+			close(sfs_io.stopfd);
+		sfs_io.epfd = sfs_io.stopfd = -1;
+		return 0;
+	}
+	sfs_io.uring = true;
+	return 0;
+}
+
+/* After the FUSE loop: every request has been answered by then. */
+void sfs_io_shutdown(void)
+{
+	struct sfs_ring *r, *next;
+
+	if (!sfs_io.uring)
+		return;
+	eventfd_write(sfs_io.stopfd, 1);
+	pthread_join(sfs_io.reaper, NULL);
+	for (r = sfs_io.rings; r; r = next) {
+		next = r->next;
+		sfs_ring_reap(r);
+		io_uring_queue_exit(&r->uring);
+		close(r->efd);
+		free(r);
+	}
+	sfs_io.rings = sfs_io.free = NULL;
+	pthread_key_delete(sfs_io.key);
+	close(sfs_io.epfd);
+	close(sfs_io.stopfd);
+	pthread_mutex_destroy(&sfs_io.lock);
+	sfs_io.uring = false;
+}
+
+/* ---- operations ---- */
+
+static struct sfs_io_op *sfs_io_op_new(fuse_req_t req, int fd, size_t len,
+				       off_t off)
+{
+	struct sfs_io_op *op = calloc(1, sizeof(*op));
+
+	if (!op)
+		return NULL;
+	op->buf = malloc(len ? len : 1);
+	if (!op->buf) {
+		free(op);
+		return NULL;
+	}
+	op->req = req;
+	op->fd = fd;
+	op->len = len;
+	op->off = off;
+	return op;
+}
+
+static void sfs_io_op_free(struct sfs_io_op *op)
+{
+	free(op->buf);
+	free(op);
+}
+
+static void sfs_io_read_done(struct sfs_io_op *op, int res)
+{
+	if (res < 0)
+		fuse_reply_err(op->req, -res);
+	else
+		fuse_reply_buf(op->req, op->buf, res);
+	sfs_io_op_free(op);
+}
+
+static void sfs_io_write_done(struct sfs_io_op *op, int res)
+{
+	if (res < 0)
+		fuse_reply_err(op->req, -res);
+	else
+		fuse_reply_write(op->req, res);
+	sfs_io_op_free(op);
+}
+
+static void sfs_io_read_sync(fuse_req_t req, int fd, size_t size, off_t off)
 {
 	struct fuse_bufvec buf = FUSE_BUFVEC_INIT(size);
 
@@ -25,7 +382,28 @@ void sfs_io_read(fuse_req_t req, int fd, size_t size, off_t off)
 	fuse_reply_data(req, &buf, FUSE_BUF_SPLICE_MOVE);
 }
 
-void sfs_io_write(fuse_req_t req, int fd, struct fuse_bufvec *in, off_t off)
+void sfs_io_read(fuse_req_t req, int fd, size_t size, off_t off)
+{
+	struct sfs_io_op *op;
+
+	if (!sfs_io.uring) {
+		sfs_io_read_sync(req, fd, size, off);
+		return;
+	}
+	op = sfs_io_op_new(req, fd, size, off);
+	if (!op) {
+		fuse_reply_err(req, ENOMEM);
+		return;
+	}
+	op->done = sfs_io_read_done;
+	if (!sfs_ring_submit(op, false)) {
+		sfs_io_op_free(op);
+		sfs_io_read_sync(req, fd, size, off);
+	}
+}
+
+static void sfs_io_write_sync(fuse_req_t req, int fd, struct fuse_bufvec *in,
+			      off_t off)
 {
 	struct fuse_bufvec out = FUSE_BUFVEC_INIT(fuse_buf_size(in));
 	ssize_t n;
@@ -40,6 +418,82 @@ void sfs_io_write(fuse_req_t req, int fd, struct fuse_bufvec *in, off_t off)
 		fuse_reply_write(req, (size_t)n);
 }
 
+/*
+ * libfuse reuses its request buffer once we return, so the data is
+ * copied into the operation before the worker lets go of it.
+ */
+void sfs_io_write(fuse_req_t req, int fd, struct fuse_bufvec *in, off_t off)
+{
+	size_t len = fuse_buf_size(in);
+	struct fuse_bufvec dst = FUSE_BUFVEC_INIT(len);
+	struct sfs_io_op *op;
+
+	if (!sfs_io.uring) {
+		sfs_io_write_sync(req, fd, in, off);
+		return;
+	}
+	op = sfs_io_op_new(req, fd, len, off);
+	if (!op) {
+		fuse_reply_err(req, ENOMEM);
+		return;
+	}
+	dst.buf[0].mem = op->buf;
+	if (fuse_buf_copy(&dst, in, 0) != (ssize_t)len) {
+		sfs_io_op_free(op);
+		sfs_io_write_sync(req, fd, in, off);
+		return;
+	}
+	op->done = sfs_io_write_done;
+	op->write = true;
+	if (!sfs_ring_submit(op, true)) {
+		sfs_io_op_free(op);
+		sfs_io_write_sync(req, fd, in, off);
+	}
+}
+
+static void sfs_io_wake(struct sfs_io_op *op, int res)
+{
+	op->res = res;
+	sem_post(&op->sem);
+}
+
+/* A blocking read or write through the ring, for copy-up. */
+static ssize_t sfs_io_ring_wait(int fd, void *buf, size_t len, off_t off,
+				bool write)
+{
+	struct sfs_io_op op = {
+		.done = sfs_io_wake, .buf = buf, .len = len, .off = off,
+		.fd = fd, .write = write,
+	};
+	ssize_t ret;
+
+	sem_init(&op.sem, 0, 0);
+	if (!sfs_ring_submit(&op, write)) {
+		sem_destroy(&op.sem);
+		return write ? sfs_io_pwrite_sync(fd, buf, len, off)
+			     : sfs_io_pread_sync(fd, buf, len, off);
+	}
+	while (sem_wait(&op.sem) < 0 && errno == EINTR)
+		;
+	ret = op.res;
+	sem_destroy(&op.sem);
+	return ret;
+}
+
+ssize_t sfs_io_pread(int fd, void *buf, size_t len, off_t off)
+{
+	if (sfs_io.uring)
+		return sfs_io_ring_wait(fd, buf, len, off, false);
+	return sfs_io_pread_sync(fd, buf, len, off);
+}
+
+ssize_t sfs_io_pwrite(int fd, const void *buf, size_t len, off_t off)
+{
+	if (sfs_io.uring)
+		return sfs_io_ring_wait(fd, (void *)buf, len, off, true);
+	return sfs_io_pwrite_sync(fd, buf, len, off);
+}
+
 void sfs_io_copy_file(fuse_req_t req, int in, off_t off_in, int out,
 		      off_t off_out, size_t len, int flags)
 {
@@ -52,38 +506,11 @@ void sfs_io_copy_file(fuse_req_t req, int in, off_t off_in, int out,
 		fuse_reply_write(req, n);
 }
 
-ssize_t sfs_io_pread(int fd, void *buf, size_t len, off_t off)
-{
-	ssize_t n;
-
-	do {
-		n = pread(fd, buf, len, off);
-	} while (n < 0 && errno == EINTR);
-	return n < 0 ? -errno : n;
-}
-
-ssize_t sfs_io_pwrite(int fd, const void *buf, size_t len, off_t off)
-{
-	size_t done = 0;
-
-	while (done < len) {
-		ssize_t n = pwrite(fd, (const char *)buf + done, len - done,
-				   off + done);
-
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0)
-			return -errno;
-		done += n;
-	}
-	return done;
-}
-
 /*
  * Copies [off, off+len) at the same offsets. copy_file_range lets the
  * filesystem share or offload the blocks; where it cannot (across
  * filesystems on old kernels, or filesystems without support) the bytes
- * go through a buffer.
+ * go through a buffer and the engine.
  */
 int sfs_io_copy_range(int in, int out, off_t off, size_t len)
 {
@@ -118,8 +545,11 @@ int sfs_io_copy_range(int in, int out, off_t off, size_t len)
 				}
 			}
 			n = sfs_io_pread(in, buf, want, off);
-			if (n > 0)
-				n = sfs_io_pwrite(out, buf, n, off);
+			if (n > 0) {
+				ssize_t w = sfs_io_pwrite(out, buf, n, off);
+
+				n = (w < 0 || w == n) ? w : -EIO;
+			}
 			if (n < 0) {
 				ret = n;
 				break;

@@ -44,39 +44,57 @@ static void sfs_search_release(struct sfs_search *s)
 	s->n = 0;
 }
 
-/* Walks an absolute redirect's parent path from every lower root. */
+static int sfs_lookup_lowers(struct sfs_search *s, struct sfs_found *f);
+
+/*
+ * Walks an absolute redirect's parent path down the lower layers with
+ * the lookup rules at every step, so an opaque directory or a whiteout
+ * on the way hides the deeper layers there too, as it did before the
+ * move.
+ */
 static int sfs_search_redirect(struct sfs_search *s, char *path)
 {
-	char *slash = strrchr(path, '/');
+	char *slash = strrchr(path, '/'), *save = NULL, *comp;
+	int ret = 0;
 
 	s->owned = true;
 	s->n = 0;
-	s->name = slash + 1;
 	*slash = '\0';
 	for (int l = 0; l < sfs->nlower; l++) {
 		int fd = dup(sfs->lower[l].fd);
-		char *save = NULL, *comp, *walk = strdup(path);
 
-		if (fd < 0 || !walk) {
-			if (fd >= 0)
-				close(fd);
-			free(walk);
-			sfs_search_release(s);
-			return -ENOMEM;
+		if (fd < 0) {
+			ret = -errno;
+			goto out_err;
 		}
-		for (comp = strtok_r(walk, "/", &save); comp && fd >= 0;
-		     comp = strtok_r(NULL, "/", &save)) {
-			int next = openat(fd, comp, O_RDONLY | O_DIRECTORY |
-						    O_NOFOLLOW | O_CLOEXEC);
-
-			close(fd);
-			fd = next;
-		}
-		free(walk);
-		if (fd >= 0)
-			s->dirs[s->n++] = (struct sfs_entry){ fd, l + 1 };
+		s->dirs[s->n++] = (struct sfs_entry){ fd, l + 1, NULL };
 	}
+	for (comp = strtok_r(path, "/", &save); comp && s->n;
+	     comp = strtok_r(NULL, "/", &save)) {
+		struct sfs_found f;
+
+		memset(&f, 0, sizeof(f));
+		f.upper = -1;
+		s->name = comp;
+		ret = sfs_lookup_lowers(s, &f);
+		sfs_search_release(s);
+		if (ret < 0) {
+			sfs_found_release(&f);
+			return ret;
+		}
+		if (S_ISDIR(f.type)) {
+			memcpy(s->dirs, f.lower, f.nlower * sizeof(*f.lower));
+			s->n = f.nlower;
+			f.nlower = 0;
+		}
+		sfs_found_release(&f);
+	}
+	s->name = slash + 1;
 	return 0;
+
+out_err:
+	sfs_search_release(s);
+	return ret;
 }
 
 /* OCI/AUFS: a ".wh.NAME" file in a lower layer hides NAME below it. */
@@ -97,7 +115,7 @@ static int sfs_found_add(struct sfs_found *f, int dirfd, const char *name,
 
 	if (fd < 0)
 		return fd;
-	f->lower[f->nlower++] = (struct sfs_entry){ fd, layer };
+	f->lower[f->nlower++] = (struct sfs_entry){ fd, layer, NULL };
 	return 0;
 }
 
@@ -263,12 +281,14 @@ static int sfs_found_ino(struct sfs_found *f, int dirfd, const char *name,
 {
 	if (f->upper >= 0) {
 		if (sfs_origin_get(dirfd, name, ino) > 0) {
+			struct sfs_xpath x;
 			uint64_t count;
 
 			f->has_origin = true;
 			/* one of the names of an indexed lower hard link */
-			if (S_ISREG(f->type) && f->st.st_nlink > 1 &&
-			    sfs_xattr_get(f->upper, sfs->xattr_nlink, &count,
+			if (!S_ISDIR(f->type) && f->st.st_nlink > 1 &&
+			    sfs_xpath_entry(&x, dirfd, name) == 0 &&
+			    sfs_xattr_get(&x, sfs->xattr_nlink, &count,
 					  sizeof(count)) == sizeof(count))
 				f->indexed = true;
 			return 0;

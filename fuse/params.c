@@ -15,6 +15,7 @@
 #include "stratafs.h"
 
 enum {
+	KEY_STRING,
 	KEY_HELP,
 	KEY_VERSION,
 	KEY_FOREGROUND,
@@ -24,9 +25,10 @@ enum {
 #define SFS_OPT(t, f) { t, offsetof(struct sfs_params, f), 1 }
 
 static const struct fuse_opt sfs_opt_spec[] = {
-	{ "lowerdir=%s", offsetof(struct sfs_params, lowerdir), 0 },
-	{ "upperdir=%s", offsetof(struct sfs_params, upperdir), 0 },
-	{ "workdir=%s", offsetof(struct sfs_params, workdir), 0 },
+	FUSE_OPT_KEY("lowerdir=", KEY_STRING),
+	FUSE_OPT_KEY("upperdir=", KEY_STRING),
+	FUSE_OPT_KEY("workdir=", KEY_STRING),
+	FUSE_OPT_KEY("io=", KEY_STRING),
 	SFS_OPT("userxattr", userxattr),
 	FUSE_OPT_KEY("-h", KEY_HELP),
 	FUSE_OPT_KEY("--help", KEY_HELP),
@@ -38,12 +40,43 @@ static const struct fuse_opt sfs_opt_spec[] = {
 	FUSE_OPT_END
 };
 
+/*
+ * A string option given twice takes the last value, as mount options do
+ * (mount.fuse3 and fstab lines can repeat one); the earlier one is freed.
+ */
+static int sfs_opt_string(struct sfs_params *p, const char *arg)
+{
+	static const struct {
+		const char *prefix;
+		size_t offset;
+	} opts[] = {
+		{ "lowerdir=", offsetof(struct sfs_params, lowerdir) },
+		{ "upperdir=", offsetof(struct sfs_params, upperdir) },
+		{ "workdir=", offsetof(struct sfs_params, workdir) },
+		{ "io=", offsetof(struct sfs_params, io) },
+	};
+
+	for (size_t i = 0; i < sizeof(opts) / sizeof(opts[0]); i++) {
+		size_t l = strlen(opts[i].prefix);
+		char **field = (char **)((char *)p + opts[i].offset);
+
+		if (strncmp(arg, opts[i].prefix, l))
+			continue;
+		free(*field);
+		*field = strdup(arg + l);
+		return *field ? 0 : -1;
+	}
+	return 1;
+}
+
 static int sfs_opt_proc(void *data, const char *arg, int key,
 			struct fuse_args *outargs)
 {
 	struct sfs_params *p = data;
 
 	switch (key) {
+	case KEY_STRING:
+		return sfs_opt_string(p, arg);
 	case KEY_HELP:
 		p->show_help = true;
 		return 0;
@@ -139,6 +172,11 @@ int sfs_params_parse(struct fuse_args *args, struct sfs_params *p)
 		fprintf(stderr, "stratafs: missing option lowerdir=\n");
 		return -EINVAL;
 	}
+	if (p->io && strcmp(p->io, "uring") && strcmp(p->io, "sync")) {
+		fprintf(stderr, "stratafs: io=%s: expected uring or sync\n",
+			p->io);
+		return -EINVAL;
+	}
 	if (!p->upperdir != !p->workdir) {
 		fprintf(stderr,
 			"stratafs: upperdir= and workdir= go together\n");
@@ -152,6 +190,7 @@ void sfs_params_free(struct sfs_params *p)
 	free(p->lowerdir);
 	free(p->upperdir);
 	free(p->workdir);
+	free(p->io);
 	free(p->source);
 	free(p->mountpoint);
 }
@@ -233,6 +272,8 @@ void sfs_usage(const char *prog)
 	       "    -o upperdir=DIR     writable layer (omit for a read-only view)\n"
 	       "    -o workdir=DIR      scratch dir on the upper's filesystem\n"
 	       "    -o userxattr        keep markers in user.overlay.* xattrs\n"
+	       "    -o io=uring|sync    file I/O engine (default uring; sync where\n"
+	       "                        io_uring is unavailable)\n"
 	       "    -o allow_other      let other users into the mount\n"
 	       "    -f                  stay in the foreground\n"
 	       "    -d                  debug output (implies -f)\n"

@@ -14,6 +14,7 @@
 #define FUSE_USE_VERSION 312
 
 #include <fuse_lowlevel.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -24,6 +25,7 @@
 #include "strata.h"
 
 #define SFS_MAX_LOWERS 128
+#define SFS_MAX_THREADS 16
 /* Real inode numbers keep their low bits; the layer's filesystem goes above. */
 #define SFS_INO_FSID_SHIFT 56
 #define SFS_WORK_TMP "work"
@@ -40,6 +42,7 @@ struct sfs_params {
 	char *lowerdir;		/* raw option, colon separated, \: escapes */
 	char *upperdir;
 	char *workdir;
+	char *io;		/* "uring" (default) or "sync" */
 	/* ints, not bools: fuse_opt stores flag options as int */
 	int userxattr;
 	int foreground;
@@ -317,11 +320,28 @@ mode_t sfs_killpriv_bits(fuse_req_t req, const struct stat *st);
 void sfs_file_set_cache(struct fuse_file_info *fi);
 
 /* xattr.c */
+struct sfs_xpath {
+	char path[PATH_MAX];
+	bool follow;		/* a /proc link to follow, or a real name */
+	char tmp[64];		/* a temporary link in the workdir, or "" */
+	struct sfs_node *parent;	/* pinned for a lower symlink's name */
+};
+
 bool sfs_xattr_is_private(const char *name);
-int sfs_xattr_get(int fd, const char *name, void *buf, size_t size);
-int sfs_xattr_set(int fd, const char *name, const void *val, size_t size,
-		  int flags);
-int sfs_xattr_copy(int from, int to);
+int sfs_xpath_entry(struct sfs_xpath *x, int dirfd, const char *name);
+int sfs_xpath_lower_name(struct sfs_xpath *x, struct sfs_node *parent,
+			 struct sfs_node *n);
+int sfs_xpath_node(struct sfs_xpath *x, struct sfs_node *n);
+void sfs_xpath_done(struct sfs_xpath *x);
+int sfs_xattr_get(const struct sfs_xpath *x, const char *name, void *buf,
+		  size_t size);
+int sfs_xattr_set(const struct sfs_xpath *x, const char *name,
+		  const void *val, size_t size, int flags);
+int sfs_xattr_copy(const struct sfs_xpath *from, const struct sfs_xpath *to);
+int sfs_node_xattr_get(struct sfs_node *n, const char *name, void *buf,
+		       size_t size);
+int sfs_node_xattr_set(struct sfs_node *n, const char *name, const void *val,
+		       size_t size, int flags);
 int sfs_origin_get(int dirfd, const char *name, uint64_t *ino);
 int sfs_origin_set(int dirfd, const char *name, uint64_t ino);
 void sfs_op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
@@ -348,6 +368,9 @@ int sfs_tmp_remove(const char *name);
 int sfs_probe_rename_whiteout(int tmpfd);
 
 /* io.c: all file data moves through here */
+int sfs_io_init(const char *engine);
+void sfs_io_shutdown(void);
+bool sfs_io_is_uring(void);
 void sfs_io_read(fuse_req_t req, int fd, size_t size, off_t off);
 void sfs_io_write(fuse_req_t req, int fd, struct fuse_bufvec *in, off_t off);
 void sfs_io_copy_file(fuse_req_t req, int in, off_t off_in, int out,

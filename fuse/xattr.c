@@ -1,61 +1,157 @@
 /*
  * Extended attributes of the merged view. The overlay's own markers
  * (trusted.overlay.*, or user.overlay.* with userxattr) are private: they
- * never show, and nobody sets them through the mount, exactly as with
- * kernel overlayfs.
+ * never show, and nobody sets them through the mount.
+ *
+ * An xattr is reached by path. For anything but a symlink that is the
+ * node's /proc/self/fd link, followed. A symlink cannot be reached that
+ * way (l*xattr would act on the /proc link itself), so it is reached by
+ * a real name: a temporary hard link in the workdir for an upper
+ * symlink (valid whatever names it has left), its name in the parent's
+ * lower directory for a lower one.
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/xattr.h>
+#include <unistd.h>
 
 #include "stratafs.h"
 
-#define SFS_XATTR_LIST_MAX (64 * 1024)
+#define SFS_XATTR_VALUE_MAX (64 * 1024)
 
 bool sfs_xattr_is_private(const char *name)
 {
 	return strncmp(name, sfs->xattr_prefix, strlen(sfs->xattr_prefix)) == 0;
 }
 
-int sfs_xattr_get(int fd, const char *name, void *buf, size_t size)
+int sfs_xpath_entry(struct sfs_xpath *x, int dirfd, const char *name)
 {
-	char path[64];
-	ssize_t n;
+	int n = snprintf(x->path, sizeof(x->path), "/proc/self/fd/%d/%s",
+			 dirfd, name);
 
-	sfs_proc_path(fd, path, sizeof(path));
-	n = getxattr(path, name, buf, size);
+	x->follow = false;
+	x->tmp[0] = '\0';
+	x->parent = NULL;
+	return (n < 0 || (size_t)n >= sizeof(x->path)) ? -ENAMETOOLONG : 0;
+}
+
+/* A lower entry by its name; caller holds n->lock and pins parent. */
+int sfs_xpath_lower_name(struct sfs_xpath *x, struct sfs_node *parent,
+			 struct sfs_node *n)
+{
+	for (int i = 0; i < parent->nlower; i++)
+		if (parent->lower[i].layer == n->lower[0].layer)
+			return sfs_xpath_entry(x, parent->lower[i].fd, n->name);
+	return -ESTALE;
+}
+
+static int sfs_xpath_lower_symlink(struct sfs_xpath *x, struct sfs_node *n)
+{
+	struct sfs_node *parent;
+	int ret;
+
+	pthread_mutex_lock(&n->lock);
+	parent = n->parent;
+	sfs_node_ref(parent);
+	pthread_mutex_unlock(&n->lock);
+	ret = sfs_node_pin(parent);
+	if (ret < 0) {
+		sfs_node_unref(parent);
+		return ret;
+	}
+	pthread_mutex_lock(&n->lock);
+	ret = n->parent == parent ? sfs_xpath_lower_name(x, parent, n) : -ESTALE;
+	pthread_mutex_unlock(&n->lock);
+	if (ret < 0) {
+		sfs_node_release(parent);
+		return ret;
+	}
+	x->parent = parent;
+	return 0;
+}
+
+/* Where the node's xattrs are: its upper entry if it has one. Pinned. */
+int sfs_xpath_node(struct sfs_xpath *x, struct sfs_node *n)
+{
+	int upper = sfs_upper(n), ret;
+	char tmp[sizeof(x->tmp)];
+
+	x->parent = NULL;
+	x->tmp[0] = '\0';
+	if (!S_ISLNK(n->type)) {
+		x->follow = true;
+		return sfs_proc_path(sfs_node_datafd(n), x->path,
+				     sizeof(x->path));
+	}
+	if (upper < 0)
+		return sfs_xpath_lower_symlink(x, n);
+	ret = sfs_tmp_name(tmp, sizeof(tmp));
+	if (ret == 0)
+		ret = sfs_xpath_entry(x, sfs->tmpfd, tmp);
+	if (ret < 0)
+		return ret;
+	if (linkat(upper, "", sfs->tmpfd, tmp, AT_EMPTY_PATH) < 0)
+		return -errno;
+	memcpy(x->tmp, tmp, sizeof(x->tmp));
+	return 0;
+}
+
+void sfs_xpath_done(struct sfs_xpath *x)
+{
+	if (x->tmp[0])
+		sfs_unlinkat(sfs->tmpfd, x->tmp, 0);
+	if (x->parent)
+		sfs_node_release(x->parent);
+	x->tmp[0] = '\0';
+	x->parent = NULL;
+}
+
+int sfs_xattr_get(const struct sfs_xpath *x, const char *name, void *buf,
+		  size_t size)
+{
+	ssize_t n = x->follow ? getxattr(x->path, name, buf, size) :
+				lgetxattr(x->path, name, buf, size);
+
 	return n < 0 ? -errno : (int)n;
 }
 
-int sfs_xattr_set(int fd, const char *name, const void *val, size_t size,
-		  int flags)
+int sfs_xattr_set(const struct sfs_xpath *x, const char *name,
+		  const void *val, size_t size, int flags)
 {
-	char path[64];
+	int ret = x->follow ? setxattr(x->path, name, val, size, flags) :
+			      lsetxattr(x->path, name, val, size, flags);
 
-	sfs_proc_path(fd, path, sizeof(path));
-	return setxattr(path, name, val, size, flags) < 0 ? -errno : 0;
+	return ret < 0 ? -errno : 0;
 }
 
-static ssize_t sfs_xattr_list(int fd, char **out)
+static int sfs_xattr_remove(const struct sfs_xpath *x, const char *name)
 {
-	char path[64];
+	int ret = x->follow ? removexattr(x->path, name) :
+			      lremovexattr(x->path, name);
+
+	return ret < 0 ? -errno : 0;
+}
+
+static ssize_t sfs_xattr_list(const struct sfs_xpath *x, char **out)
+{
+	ssize_t (*list)(const char *, char *, size_t) =
+		x->follow ? listxattr : llistxattr;
 	ssize_t n;
 	char *buf;
 
-	sfs_proc_path(fd, path, sizeof(path));
-	n = listxattr(path, NULL, 0);
-	if (n <= 0) {
-		*out = NULL;
+	*out = NULL;
+	n = list(x->path, NULL, 0);
+	if (n <= 0)
 		return n < 0 ? -errno : 0;
-	}
 	buf = malloc(n);
 	if (!buf)
 		return -ENOMEM;
-	n = listxattr(path, buf, n);
+	n = list(x->path, buf, n);
 	if (n < 0) {
 		n = -errno;
 		free(buf);
@@ -67,20 +163,17 @@ static ssize_t sfs_xattr_list(int fd, char **out)
 
 /*
  * Our origin xattr: the inode number a copied-up entry had below, so
- * st_ino survives copy-up. Reached by parent and name so that symlinks
- * are covered too (l*xattr on a real name, not a /proc link).
+ * st_ino survives copy-up. Reached by parent and name, which covers
+ * symlinks too.
  */
 int sfs_origin_get(int dirfd, const char *name, uint64_t *ino)
 {
-	char path[PATH_MAX];
+	struct sfs_xpath x;
 	uint64_t val;
-	int n;
 
-	n = snprintf(path, sizeof(path), "/proc/self/fd/%d/%s", dirfd, name);
-	if (n < 0 || (size_t)n >= sizeof(path))
-		return -ENAMETOOLONG;
-	if (lgetxattr(path, sfs->xattr_origin, &val, sizeof(val)) !=
-	    sizeof(val))
+	if (sfs_xpath_entry(&x, dirfd, name) < 0 ||
+	    sfs_xattr_get(&x, sfs->xattr_origin, &val, sizeof(val)) !=
+		    sizeof(val))
 		return 0;
 	*ino = val;
 	return 1;
@@ -88,19 +181,15 @@ int sfs_origin_get(int dirfd, const char *name, uint64_t *ino)
 
 int sfs_origin_set(int dirfd, const char *name, uint64_t ino)
 {
-	char path[PATH_MAX];
-	int n;
+	struct sfs_xpath x;
+	int ret = sfs_xpath_entry(&x, dirfd, name);
 
-	n = snprintf(path, sizeof(path), "/proc/self/fd/%d/%s", dirfd, name);
-	if (n < 0 || (size_t)n >= sizeof(path))
-		return -ENAMETOOLONG;
-	if (lsetxattr(path, sfs->xattr_origin, &ino, sizeof(ino), 0) < 0)
-		return -errno;
-	return 0;
+	return ret < 0 ? ret : sfs_xattr_set(&x, sfs->xattr_origin, &ino,
+					     sizeof(ino), 0);
 }
 
 /* Copies every xattr but the private ones; used by copy-up. */
-int sfs_xattr_copy(int from, int to)
+int sfs_xattr_copy(const struct sfs_xpath *from, const struct sfs_xpath *to)
 {
 	char *list = NULL, *val = NULL;
 	ssize_t len;
@@ -109,7 +198,7 @@ int sfs_xattr_copy(int from, int to)
 	len = sfs_xattr_list(from, &list);
 	if (len < 0)
 		return (len == -EOPNOTSUPP) ? 0 : (int)len;
-	val = malloc(SFS_XATTR_LIST_MAX);
+	val = malloc(SFS_XATTR_VALUE_MAX);
 	if (!val) {
 		free(list);
 		return -ENOMEM;
@@ -119,7 +208,7 @@ int sfs_xattr_copy(int from, int to)
 
 		if (sfs_xattr_is_private(name))
 			continue;
-		n = sfs_xattr_get(from, name, val, SFS_XATTR_LIST_MAX);
+		n = sfs_xattr_get(from, name, val, SFS_XATTR_VALUE_MAX);
 		if (n == -ENODATA)
 			continue;
 		if (n < 0) {
@@ -141,44 +230,108 @@ int sfs_xattr_copy(int from, int to)
 	return ret;
 }
 
-static int sfs_setxattr(struct sfs_node *n, const char *name,
-			const char *value, size_t size, int flags)
+/* One xattr operation on a node, through its path. Pinned. */
+static int sfs_node_xattr(struct sfs_node *n, int (*op)(const struct sfs_xpath *,
+							 void *), void *arg)
 {
-	int ret;
+	struct sfs_xpath x;
+	int ret = sfs_xpath_node(&x, n);
 
-	if (sfs_xattr_is_private(name))
-		return -EOPNOTSUPP;
-	if (S_ISLNK(n->type))
-		return -EPERM;
-	ret = sfs_copy_up(n);
-	atomic_store(&n->nosec, false);	/* it may be a capability */
 	if (ret == 0)
-		ret = sfs_xattr_set(sfs_upper(n), name, value, size, flags);
+		ret = op(&x, arg);
+	sfs_xpath_done(&x);
 	return ret;
+}
+
+struct sfs_xattr_arg {
+	const char *name;
+	const void *value;
+	void *buf;
+	size_t size;
+	int flags;
+	char *list;
+};
+
+static int sfs_xattr_get_op(const struct sfs_xpath *x, void *arg)
+{
+	struct sfs_xattr_arg *a = arg;
+
+	return sfs_xattr_get(x, a->name, a->buf, a->size);
+}
+
+static int sfs_xattr_set_op(const struct sfs_xpath *x, void *arg)
+{
+	struct sfs_xattr_arg *a = arg;
+
+	return sfs_xattr_set(x, a->name, a->value, a->size, a->flags);
+}
+
+static int sfs_xattr_remove_op(const struct sfs_xpath *x, void *arg)
+{
+	struct sfs_xattr_arg *a = arg;
+
+	return sfs_xattr_remove(x, a->name);
+}
+
+/* The names, private ones squeezed out; the length, or <0. */
+static int sfs_xattr_list_op(const struct sfs_xpath *x, void *arg)
+{
+	struct sfs_xattr_arg *a = arg;
+	ssize_t len = sfs_xattr_list(x, &a->list);
+	char *w = a->list;
+
+	if (len <= 0)
+		return (int)len;
+	for (char *name = a->list; name < a->list + len;) {
+		size_t l = strlen(name) + 1;
+
+		if (!sfs_xattr_is_private(name)) {
+			memmove(w, name, l);
+			w += l;
+		}
+		name += l;
+	}
+	return (int)(w - a->list);
+}
+
+int sfs_node_xattr_get(struct sfs_node *n, const char *name, void *buf,
+		       size_t size)
+{
+	struct sfs_xattr_arg a = { .name = name, .buf = buf, .size = size };
+
+	return sfs_node_xattr(n, sfs_xattr_get_op, &a);
+}
+
+int sfs_node_xattr_set(struct sfs_node *n, const char *name, const void *val,
+		       size_t size, int flags)
+{
+	struct sfs_xattr_arg a = { .name = name, .value = val, .size = size,
+				   .flags = flags };
+
+	return sfs_node_xattr(n, sfs_xattr_set_op, &a);
 }
 
 void sfs_op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
 		     const char *value, size_t size, int flags)
 {
 	struct sfs_node *n;
-	int ret = sfs_node_get_pinned(ino, &n);
+	int ret;
 
-	if (ret == 0) {
-		ret = sfs_setxattr(n, name, value, size, flags);
-		sfs_node_unpin(n);
+	/* The overlay's markers are not the user's to forge. */
+	if (sfs_xattr_is_private(name)) {
+		fuse_reply_err(req, EOPNOTSUPP);
+		return;
 	}
+	ret = sfs_node_get_pinned(ino, &n);
+	if (ret < 0)
+		goto out;
+	ret = sfs_copy_up(n);
+	atomic_store(&n->nosec, false);	/* it may be a capability */
+	if (ret == 0)
+		ret = sfs_node_xattr_set(n, name, value, size, flags);
+	sfs_node_unpin(n);
+out:
 	sfs_reply_err(req, ret);
-}
-
-/* Returns the value's length; with size 0 only the length is asked. */
-static int sfs_getxattr(struct sfs_node *n, const char *name, char *buf,
-			size_t size)
-{
-	if (sfs_xattr_is_private(name))
-		return -EOPNOTSUPP;
-	if (S_ISLNK(n->type))
-		return -ENODATA;
-	return sfs_xattr_get(sfs_node_datafd(n), name, buf, size);
 }
 
 void sfs_op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
@@ -188,13 +341,18 @@ void sfs_op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
 	char *buf = NULL;
 	int ret;
 
+	/* To the user the markers do not exist, as with the kernel's. */
+	if (sfs_xattr_is_private(name)) {
+		fuse_reply_err(req, ENODATA);
+		return;
+	}
 	if (size && !(buf = malloc(size))) {
 		fuse_reply_err(req, ENOMEM);
 		return;
 	}
 	ret = sfs_node_get_pinned(ino, &n);
 	if (ret == 0) {
-		ret = sfs_getxattr(n, name, buf, size);
+		ret = sfs_node_xattr_get(n, name, buf, size);
 		sfs_node_unpin(n);
 	}
 	if (ret < 0)
@@ -206,83 +364,48 @@ void sfs_op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
 	free(buf);
 }
 
-/* The names, private ones squeezed out; *out is NULL for none. */
-static ssize_t sfs_listxattr(struct sfs_node *n, char **out)
-{
-	char *list = NULL, *w;
-	ssize_t len;
-
-	*out = NULL;
-	if (S_ISLNK(n->type))
-		return 0;
-	len = sfs_xattr_list(sfs_node_datafd(n), &list);
-	if (len <= 0)
-		return len;
-	w = list;
-	for (char *name = list; name < list + len;) {
-		size_t l = strlen(name) + 1;
-
-		if (!sfs_xattr_is_private(name)) {
-			memmove(w, name, l);
-			w += l;
-		}
-		name += l;
-	}
-	*out = list;
-	return w - list;
-}
-
 void sfs_op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
 {
+	struct sfs_xattr_arg a = { 0 };
 	struct sfs_node *n;
-	char *list = NULL;
-	ssize_t len = sfs_node_get_pinned(ino, &n);
+	int len = sfs_node_get_pinned(ino, &n);
 
 	if (len == 0) {
-		len = sfs_listxattr(n, &list);
+		len = sfs_node_xattr(n, sfs_xattr_list_op, &a);
 		sfs_node_unpin(n);
 	}
 	if (len < 0)
-		sfs_reply_err(req, (int)len);
+		sfs_reply_err(req, len);
 	else if (!size)
 		fuse_reply_xattr(req, len);
 	else if ((size_t)len > size)
 		fuse_reply_err(req, ERANGE);
 	else
-		fuse_reply_buf(req, list, len);
-	free(list);
-}
-
-static int sfs_removexattr(struct sfs_node *n, const char *name)
-{
-	char path[64];
-	int ret = 0;
-
-	if (sfs_xattr_is_private(name))
-		return -EOPNOTSUPP;
-	if (S_ISLNK(n->type))
-		return -ENODATA;
-	/* Removing what is not there must not copy anything up. */
-	if (!atomic_load(&n->has_upper))
-		ret = sfs_xattr_get(sfs_node_datafd(n), name, NULL, 0);
-	if (ret >= 0)
-		ret = sfs_copy_up(n);
-	if (ret == 0) {
-		sfs_proc_path(sfs_upper(n), path, sizeof(path));
-		if (removexattr(path, name) < 0)
-			ret = -errno;
-	}
-	return ret;
+		fuse_reply_buf(req, a.list, len);
+	free(a.list);
 }
 
 void sfs_op_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name)
 {
+	struct sfs_xattr_arg a = { .name = name };
 	struct sfs_node *n;
-	int ret = sfs_node_get_pinned(ino, &n);
+	int ret;
 
-	if (ret == 0) {
-		ret = sfs_removexattr(n, name);
-		sfs_node_unpin(n);
+	if (sfs_xattr_is_private(name)) {
+		fuse_reply_err(req, ENODATA);
+		return;
 	}
+	ret = sfs_node_get_pinned(ino, &n);
+	if (ret < 0)
+		goto out;
+	/* Removing what is not there must not copy anything up. */
+	if (!atomic_load(&n->has_upper))
+		ret = sfs_node_xattr_get(n, name, NULL, 0);
+	if (ret >= 0)
+		ret = sfs_copy_up(n);
+	if (ret == 0)
+		ret = sfs_node_xattr(n, sfs_xattr_remove_op, &a);
+	sfs_node_unpin(n);
+out:
 	sfs_reply_err(req, ret);
 }

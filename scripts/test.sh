@@ -71,7 +71,7 @@ run_unit() {
 run_integration() {
 	local name=$1 bin=$2
 	shift 2
-	echo "== integration ($name)"
+	echo "== integration ($name${STRATAFS_OPTS:+, $STRATAFS_OPTS})"
 	(cd tests/integration &&
 		STRATAFS="$bin" /usr/bin/python3 -m pytest -q \
 			--junitxml="$results/$name.xml" ${PYTEST_ARGS:-} "$@")
@@ -85,6 +85,9 @@ if ! scripts/build.sh build; then
 fi
 run_unit build
 run_integration integration "$top/build/stratafs"
+# The data paths again under the other I/O engine (the default is uring).
+STRATAFS_OPTS=io=sync run_integration integration-sync "$top/build/stratafs" \
+	-m stratafs -k "not valgrind and not memory"
 
 if [ "$quick" -eq 0 ]; then
 	echo "== build (AddressSanitizer + UBSan)"
@@ -94,7 +97,7 @@ if [ "$quick" -eq 0 ]; then
 		run_unit build-asan
 		# The kernel's results do not change with our build, and valgrind
 		# cannot run an ASan binary: stratafs tests only, valgrind aside.
-		run_integration asan "$top/build-asan/stratafs" -k "not kernel and not valgrind"
+		run_integration asan "$top/build-asan/stratafs" -m stratafs -k "not valgrind"
 	else
 		failed=$((failed + 1))
 	fi

@@ -126,13 +126,20 @@ int main(int argc, char *argv[])
 	if (!fs.params.foreground)
 		strata_log_to_syslog();
 
+	/* After daemonizing: the completion thread must be in the daemon. */
+	if (sfs_io_init(fs.params.io) < 0)
+		goto out_unmount;
 	cfg = fuse_loop_cfg_create();
 	if (!cfg)
-		goto out_unmount;
+		goto out_io;
 	fuse_loop_cfg_set_clone_fd(cfg, 1);
-	fuse_loop_cfg_set_max_threads(cfg, 16);
+	fuse_loop_cfg_set_max_threads(cfg, SFS_MAX_THREADS);
+	/* idle workers stay, and so do their rings */
+	fuse_loop_cfg_set_idle_threads(cfg, SFS_MAX_THREADS);
 	ret = fuse_session_loop_mt(se, cfg) < 0 ? 1 : 0;
 	fuse_loop_cfg_destroy(cfg);
+out_io:
+	sfs_io_shutdown();
 
 out_unmount:
 	fuse_session_unmount(se);

@@ -699,6 +699,9 @@ class Union:
                 o.append("userxattr")
             if self.allow_other:
                 o.append("allow_other")
+            # STRATAFS_OPTS (e.g. "io=sync") runs the whole suite with
+            # other daemon settings: scripts/test.sh runs both engines
+            o += [x for x in os.environ.get("STRATAFS_OPTS", "").split(",") if x]
             o += self.extra_opts
         return ",".join(o)
 

@@ -6,6 +6,7 @@
 #ifndef FIXTURE_H
 #define FIXTURE_H
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -120,6 +121,20 @@ static inline bool fx_exists(struct fixture *fx, const char *path)
 	struct stat st;
 
 	return fstatat(fx->fd, path, &st, AT_SYMLINK_NOFOLLOW) == 0;
+}
+
+/* Entries in a directory, "." and ".." aside. */
+static inline int fx_count(struct fixture *fx, const char *path)
+{
+	int fd = openat(fx->fd, path, O_RDONLY | O_DIRECTORY);
+	DIR *d = fd < 0 ? NULL : fdopendir(fd);
+	int n = 0;
+
+	for (struct dirent *de; d && (de = readdir(d));)
+		n += strcmp(de->d_name, ".") && strcmp(de->d_name, "..");
+	if (d)
+		closedir(d);
+	return n;
 }
 
 /* Looks a slash-separated path up from the root, as the kernel would. */

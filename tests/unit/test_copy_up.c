@@ -1,22 +1,8 @@
 /* copy_up.c: atomic copies with data, holes, metadata and xattrs. */
-#include <dirent.h>
 #include <errno.h>
 
 #include "fixture.h"
 #include "unit.h"
-
-static int work_entries(struct fixture *fx)
-{
-	int fd = openat(fx->fd, "w/work", O_RDONLY | O_DIRECTORY);
-	DIR *d = fdopendir(fd);
-	int n = 0;
-
-	for (struct dirent *de; d && (de = readdir(d));)
-		n += de->d_name[0] != '.';
-	if (d)
-		closedir(d);
-	return n;
-}
 
 static void test_file(void)
 {
@@ -75,7 +61,7 @@ static void test_file(void)
 
 	/* the lower layer is untouched and the workdir is clean */
 	CHECK_EQ_INT(fx_read(&fx, "l1/a/b/f", buf, sizeof(buf)), 10);
-	CHECK_EQ_INT(work_entries(&fx), 0);
+	CHECK_EQ_INT(fx_count(&fx, "w/work"), 0);
 	fixture_done(&fx);
 }
 
@@ -112,7 +98,7 @@ static void test_meta_only_and_special(void)
 	}
 	CHECK_EQ_INT(fstatat(fx.fd, "u/fifo", &st, AT_SYMLINK_NOFOLLOW), 0);
 	CHECK(S_ISFIFO(st.st_mode) && (st.st_mode & 07777) == 0640);
-	CHECK_EQ_INT(work_entries(&fx), 0);
+	CHECK_EQ_INT(fx_count(&fx, "w/work"), 0);
 	fixture_done(&fx);
 }
 

@@ -70,6 +70,23 @@ static void test_cmdline(void)
 	CHECK(p.foreground);
 	sfs_params_free(&p);
 
+	/* a repeated option takes the last value, the first is freed */
+	{
+		char *twice[] = { "stratafs", "-o", "lowerdir=/a,io=sync",
+				  "-o", "lowerdir=/b,io=uring", "/m" };
+
+		CHECK_EQ_INT(parse(&p, 6, twice), 0);
+		CHECK_EQ_STR(p.lowerdir, "/b");
+		CHECK_EQ_STR(p.io, "uring");
+		sfs_params_free(&p);
+	}
+	{
+		char *bad[] = { "stratafs", "-o", "lowerdir=/a,io=fast", "/m" };
+
+		CHECK_EQ_INT(parse(&p, 4, bad), -EINVAL);
+		sfs_params_free(&p);
+	}
+
 	CHECK_EQ_INT(parse(&p, 5, mountfuse), 0);
 	CHECK_EQ_STR(p.source, "src");
 	CHECK_EQ_STR(p.mountpoint, "/m");
