@@ -50,7 +50,9 @@ def test_fallback_when_io_uring_is_disabled(stratafs_only):
     try:
         with open(DISABLED, "w") as f:
             f.write("2\n")          # io_uring off for everyone, root too
-        u = stratafs_only.make(lowers=[{"lower": "lower data" * 1000}])
+        # io=uring asked for explicitly: STRATAFS_OPTS may say sync
+        u = stratafs_only.make(lowers=[{"lower": "lower data" * 1000}],
+                               extra_opts=["io=uring"])
         data_workload(u)
         u.unmount()
     finally:
