@@ -307,22 +307,13 @@ def build_tree(root, spec, *, userxattr=False):
 PRIVATE_XATTR_PREFIXES = ("trusted.overlay.", "user.overlay.")
 
 
+_FTYPES = {stat.S_IFREG: "file", stat.S_IFDIR: "dir", stat.S_IFLNK: "symlink",
+           stat.S_IFIFO: "fifo", stat.S_IFCHR: "chr", stat.S_IFBLK: "blk",
+           stat.S_IFSOCK: "sock"}
+
+
 def _ftype(mode):
-    if stat.S_ISREG(mode):
-        return "file"
-    if stat.S_ISDIR(mode):
-        return "dir"
-    if stat.S_ISLNK(mode):
-        return "symlink"
-    if stat.S_ISFIFO(mode):
-        return "fifo"
-    if stat.S_ISCHR(mode):
-        return "chr"
-    if stat.S_ISBLK(mode):
-        return "blk"
-    if stat.S_ISSOCK(mode):
-        return "sock"
-    return "?"
+    return _FTYPES.get(stat.S_IFMT(mode), "?")
 
 
 def _hash_fd(fd):
@@ -600,6 +591,13 @@ def assert_same(a, b, names=("expected", "actual"), context=""):
         if len(d) > 60:
             msg += f"\n... and {len(d) - 60} more differences"
         raise AssertionError(msg)
+
+
+def assert_survives_remount(u):
+    """The merged tree is the same after an unmount and a mount."""
+    snap = snapshot_tree(u.mnt)
+    u.remount()
+    assert_same(snap, snapshot_tree(u.mnt), ("before remount", "after remount"))
 
 
 def sha256(data):

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from stratatest import (RENAME_EXCHANGE, RENAME_NOREPLACE, assert_same,
+from stratatest import (assert_survives_remount, RENAME_EXCHANGE, RENAME_NOREPLACE, assert_same,
                         errno_of, read_bytes, renameat2, snapshot_tree,
                         snapshot_upper, upper_whiteouts)
 
@@ -131,9 +131,7 @@ def test_rename_exchange_lower_dirs(union):
     renameat2(u.path("a"), u.path("b"), RENAME_EXCHANGE)
     assert names(u.path("a")) == ["g"]
     assert names(u.path("b")) == ["f", "s"]
-    snap = snapshot_tree(u.mnt)
-    u.remount()
-    assert_same(snap, snapshot_tree(u.mnt), ("before remount", "after remount"))
+    assert_survives_remount(u)
     up = snapshot_upper(u.upper)
     assert up["a"][2] == "/b" and up["b"][2] == "/a", up
 
@@ -176,9 +174,7 @@ def test_rename_dir_with_lower_content(union):
     assert raw in (b"src", b"/src")
     # private xattrs never show through the mount
     assert [x for x in os.listxattr(u.path("dst")) if ".overlay." in x] == []
-    snap = snapshot_tree(u.mnt)
-    u.remount()
-    assert_same(snap, snapshot_tree(u.mnt), ("before remount", "after remount"))
+    assert_survives_remount(u)
 
 
 def test_rename_dir_into_other_dir_stores_absolute_redirect(union):
@@ -189,9 +185,7 @@ def test_rename_dir_into_other_dir_stores_absolute_redirect(union):
     up = snapshot_upper(u.upper)
     assert up["c/moved"][2] == "/a/b"
     assert os.getxattr(u.upath("c", "moved"), u.redirect_xattr) == b"/a/b"
-    snap = snapshot_tree(u.mnt)
-    u.remount()
-    assert_same(snap, snapshot_tree(u.mnt), ("before remount", "after remount"))
+    assert_survives_remount(u)
 
 
 def test_rename_chain_of_lower_dirs(union):
@@ -205,9 +199,7 @@ def test_rename_chain_of_lower_dirs(union):
     assert read_bytes(u.path("t", "f")) == b"F"
     up = snapshot_upper(u.upper)
     assert up["t"][2] == "/p/q" and up["s"][2] == "/p", up
-    snap = snapshot_tree(u.mnt)
-    u.remount()
-    assert_same(snap, snapshot_tree(u.mnt), ("before remount", "after remount"))
+    assert_survives_remount(u)
 
 
 def test_mkdir_where_renamed_dir_was_is_empty(union):
@@ -240,9 +232,7 @@ def test_rename_dir_over_empty_merged_dir(union):
     os.rename(u.path("src"), u.path("dst"))
     assert names(u.mnt) == ["dst"]
     assert names(u.path("dst")) == ["a"]
-    snap = snapshot_tree(u.mnt)
-    u.remount()
-    assert_same(snap, snapshot_tree(u.mnt), ("before remount", "after remount"))
+    assert_survives_remount(u)
     assert names(u.path("dst")) == ["a"]
 
 
