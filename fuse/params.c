@@ -29,6 +29,7 @@ static const struct fuse_opt sfs_opt_spec[] = {
 	FUSE_OPT_KEY("upperdir=", KEY_STRING),
 	FUSE_OPT_KEY("workdir=", KEY_STRING),
 	FUSE_OPT_KEY("io=", KEY_STRING),
+	FUSE_OPT_KEY("timeout=", KEY_STRING),
 	SFS_OPT("userxattr", userxattr),
 	FUSE_OPT_KEY("-h", KEY_HELP),
 	FUSE_OPT_KEY("--help", KEY_HELP),
@@ -54,6 +55,7 @@ static int sfs_opt_string(struct sfs_params *p, const char *arg)
 		{ "upperdir=", offsetof(struct sfs_params, upperdir) },
 		{ "workdir=", offsetof(struct sfs_params, workdir) },
 		{ "io=", offsetof(struct sfs_params, io) },
+		{ "timeout=", offsetof(struct sfs_params, timeout) },
 	};
 
 	for (size_t i = 0; i < sizeof(opts) / sizeof(opts[0]); i++) {
@@ -177,6 +179,17 @@ int sfs_params_parse(struct fuse_args *args, struct sfs_params *p)
 			p->io);
 		return -EINVAL;
 	}
+	if (p->timeout) {
+		char *end;
+		double t = strtod(p->timeout, &end);
+
+		if (end == p->timeout || *end || !(t >= 0 && t <= 1e9)) {
+			fprintf(stderr,
+				"stratafs: timeout=%s: expected seconds (0 to 1e9)\n",
+				p->timeout);
+			return -EINVAL;
+		}
+	}
 	if (!p->upperdir != !p->workdir) {
 		fprintf(stderr,
 			"stratafs: upperdir= and workdir= go together\n");
@@ -191,6 +204,7 @@ void sfs_params_free(struct sfs_params *p)
 	free(p->upperdir);
 	free(p->workdir);
 	free(p->io);
+	free(p->timeout);
 	free(p->source);
 	free(p->mountpoint);
 }
@@ -274,6 +288,9 @@ void sfs_usage(const char *prog)
 	       "    -o userxattr        keep markers in user.overlay.* xattrs\n"
 	       "    -o io=uring|sync    file I/O engine (default uring; sync where\n"
 	       "                        io_uring is unavailable)\n"
+	       "    -o timeout=SECONDS  how long the kernel may cache names and\n"
+	       "                        attributes (default 86400: nothing changes\n"
+	       "                        the layers behind the daemon; 0 if something does)\n"
 	       "    -o allow_other      let other users into the mount\n"
 	       "    -f                  stay in the foreground\n"
 	       "    -d                  debug output (implies -f)\n"

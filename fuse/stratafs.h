@@ -43,6 +43,7 @@ struct sfs_params {
 	char *upperdir;
 	char *workdir;
 	char *io;		/* "uring" (default) or "sync" */
+	char *timeout;		/* kernel cache timeout, seconds */
 	/* ints, not bools: fuse_opt stores flag options as int */
 	int userxattr;
 	int foreground;

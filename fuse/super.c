@@ -228,7 +228,13 @@ int sfs_setup(struct sfs_fs *fs)
 
 	sfs = fs;
 	fs->upper.fd = fs->workfd = fs->tmpfd = fs->indexfd = fs->nullfd = -1;
-	fs->timeout = 1.0;
+	/*
+	 * Nothing changes the layers behind the daemon's back, so the kernel
+	 * may keep names and attributes as long as it likes: every change
+	 * comes through this mount and updates its caches.
+	 */
+	fs->timeout = fs->params.timeout ? strtod(fs->params.timeout, NULL) :
+					   86400.0;
 	sfs_setup_xattr_names(fs);
 
 	ret = sfs_split_lowerdir(fs->params.lowerdir, &lowers, &nlowers);
@@ -336,6 +342,11 @@ static void sfs_op_init(void *userdata, struct fuse_conn_info *conn)
 	/* The largest requests libfuse 3.14 can take: fewer round trips. */
 	conn->max_write = 1 << 20;
 	conn->max_readahead = 1 << 20;
+	/*
+	 * No write-back cache: with it the kernel acknowledges writes from
+	 * its page cache, so ENOSPC surfaces at fsync or close instead of at
+	 * write(2), and timestamps drift from the upper layer's.
+	 */
 	/* see sfs_file_killpriv: no GETXATTR round trip before each write */
 	if (conn->capable & FUSE_CAP_HANDLE_KILLPRIV)
 		conn->want |= FUSE_CAP_HANDLE_KILLPRIV;

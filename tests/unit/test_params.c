@@ -82,8 +82,18 @@ static void test_cmdline(void)
 	}
 	{
 		char *bad[] = { "stratafs", "-o", "lowerdir=/a,io=fast", "/m" };
+		char *t_ok[] = { "stratafs", "-o", "lowerdir=/a,timeout=0.5", "/m" };
+		char *t_bad[] = { "stratafs", "-o", "lowerdir=/a,timeout=1x", "/m" };
+		char *t_neg[] = { "stratafs", "-o", "lowerdir=/a,timeout=-1", "/m" };
 
 		CHECK_EQ_INT(parse(&p, 4, bad), -EINVAL);
+		sfs_params_free(&p);
+		CHECK_EQ_INT(parse(&p, 4, t_ok), 0);
+		CHECK_EQ_STR(p.timeout, "0.5");
+		sfs_params_free(&p);
+		CHECK_EQ_INT(parse(&p, 4, t_bad), -EINVAL);
+		sfs_params_free(&p);
+		CHECK_EQ_INT(parse(&p, 4, t_neg), -EINVAL);
 		sfs_params_free(&p);
 	}
 
