@@ -16,12 +16,14 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <liburing.h>
 #include <semaphore.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include "stratafs.h"
@@ -40,7 +42,8 @@
 
 struct sfs_ring {
 	struct io_uring uring;
-	int efd;		/* signalled by the kernel on completions */
+	pthread_mutex_t cq_lock;	/* the submitter and the reaper both reap */
+	int efd;		/* signalled on completions, but see submit */
 	struct sfs_ring *next;	/* every ring, for teardown */
 	struct sfs_ring *free_next;
 };
@@ -66,6 +69,7 @@ static struct {
 	struct sfs_ring *rings;
 	struct sfs_ring *free;
 	pthread_key_t key;
+	bool write_direct;	/* buffered writes bypass the ring */
 } sfs_io = { .epfd = -1, .stopfd = -1 };
 
 static __thread struct sfs_ring *sfs_tls_ring;
@@ -132,6 +136,7 @@ static struct sfs_ring *sfs_ring_new(void)
 		goto out_queue;
 	if (io_uring_register_eventfd(&r->uring, r->efd) < 0)
 		goto out_efd;
+	pthread_mutex_init(&r->cq_lock, NULL);
 	ev.data.ptr = r;
 	if (epoll_ctl(sfs_io.epfd, EPOLL_CTL_ADD, r->efd, &ev) < 0)
 		goto out_efd;
@@ -172,6 +177,8 @@ static struct sfs_ring *sfs_ring_get(void)
 	return r;
 }
 
+static void sfs_ring_drain(struct sfs_ring *r);
+
 /* Submits one read or write; false when the ring cannot take it. */
 static bool sfs_ring_submit(struct sfs_io_op *op, bool write)
 {
@@ -192,7 +199,22 @@ static bool sfs_ring_submit(struct sfs_io_op *op, bool write)
 	else
 		io_uring_prep_read(sqe, op->fd, op->buf, op->len, op->off);
 	io_uring_sqe_set_data(sqe, op);
-	return io_uring_submit(&r->uring) >= 1;
+	/*
+	 * Page-cache hits and buffered writes complete inside the submit:
+	 * the worker replies to those itself, sparing a wake-up of the
+	 * completion thread, whose eventfd is off meanwhile. Anything that
+	 * completes while it is off is caught by the drain after it is back
+	 * on; later completions (io-wq, task work) signal it as usual.
+	 */
+	io_uring_cq_eventfd_toggle(&r->uring, false);
+	if (io_uring_submit(&r->uring) < 1) {
+		io_uring_cq_eventfd_toggle(&r->uring, true);
+		return false;
+	}
+	sfs_ring_drain(r);
+	io_uring_cq_eventfd_toggle(&r->uring, true);
+	sfs_ring_drain(r);
+	return true;
 }
 
 /*
@@ -216,12 +238,12 @@ static void sfs_ring_complete(struct sfs_io_op *op, int res, bool write)
 	op->done(op, res);
 }
 
-static void sfs_ring_reap(struct sfs_ring *r)
+/* Replies to whatever has completed on the ring. */
+static void sfs_ring_drain(struct sfs_ring *r)
 {
 	struct io_uring_cqe *cqe;
-	eventfd_t v;
 
-	eventfd_read(r->efd, &v);
+	pthread_mutex_lock(&r->cq_lock);
 	while (io_uring_peek_cqe(&r->uring, &cqe) == 0) {
 		struct sfs_io_op *op = io_uring_cqe_get_data(cqe);
 		int res = cqe->res;
@@ -230,6 +252,15 @@ static void sfs_ring_reap(struct sfs_ring *r)
 		if (op)
 			sfs_ring_complete(op, res, op->write);
 	}
+	pthread_mutex_unlock(&r->cq_lock);
+}
+
+static void sfs_ring_reap(struct sfs_ring *r)
+{
+	eventfd_t v;
+
+	eventfd_read(r->efd, &v);
+	sfs_ring_drain(r);
 }
 
 static void *sfs_io_reaper(void *arg)
@@ -282,6 +313,33 @@ static int sfs_io_uring_init(void)
 	return 0;
 }
 
+/*
+ * io_uring completes a buffered write inline only where the filesystem
+ * can say "would block" (RWF_NOWAIT); elsewhere (ext4 as of 6.18) it
+ * hands every write to one of its worker threads, and the completion
+ * to ours: two thread switches that cost more than the write. There,
+ * writes go straight to pwrite in the FUSE worker, which for the page
+ * cache does not block either.
+ */
+static bool sfs_io_nowait_writes(void)
+{
+	struct iovec iov = { "x", 1 };
+	char tmp[64];
+	bool ok;
+	int fd;
+
+	if (!sfs || sfs->tmpfd < 0 || sfs_tmp_name(tmp, sizeof(tmp)) < 0)
+		return true;
+	fd = openat(sfs->tmpfd, tmp, O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC,
+		    0600);
+	if (fd < 0)
+		return true;
+	ok = pwritev2(fd, &iov, 1, 0, RWF_NOWAIT) == 1 || errno != EOPNOTSUPP;
+	close(fd);
+	unlinkat(sfs->tmpfd, tmp, 0);
+	return ok;
+}
+
 int sfs_io_init(const char *engine)
 {
 	int ret;
@@ -300,6 +358,9 @@ int sfs_io_init(const char *engine)
 		return 0;
 	}
 	sfs_io.uring = true;
+	sfs_io.write_direct = !sfs_io_nowait_writes();
+	if (sfs_io.write_direct)
+		strata_info("io_uring: upper filesystem has no non-blocking buffered writes; writing directly");
 	return 0;
 }
 
@@ -314,9 +375,10 @@ void sfs_io_shutdown(void)
 	pthread_join(sfs_io.reaper, NULL);
 	for (r = sfs_io.rings; r; r = next) {
 		next = r->next;
-		sfs_ring_reap(r);
+		sfs_ring_drain(r);
 		io_uring_queue_exit(&r->uring);
 		close(r->efd);
+		pthread_mutex_destroy(&r->cq_lock);
 		free(r);
 	}
 	sfs_io.rings = sfs_io.free = NULL;
@@ -428,7 +490,7 @@ void sfs_io_write(fuse_req_t req, int fd, struct fuse_bufvec *in, off_t off)
 	struct fuse_bufvec dst = FUSE_BUFVEC_INIT(len);
 	struct sfs_io_op *op;
 
-	if (!sfs_io.uring) {
+	if (!sfs_io.uring || sfs_io.write_direct) {
 		sfs_io_write_sync(req, fd, in, off);
 		return;
 	}
