@@ -276,11 +276,16 @@ int sfs_lower_positive(struct sfs_node *dir, const char *name)
 	return ret;
 }
 
+/*
+ * An origin is only ever placed in a directory already marked impure,
+ * so other directories need no xattr read per lookup; readdir's d_ino
+ * follows the same rule, and the two always agree.
+ */
 static int sfs_found_ino(struct sfs_found *f, int dirfd, const char *name,
-			 uint64_t *ino)
+			 bool impure, uint64_t *ino)
 {
 	if (f->upper >= 0) {
-		if (sfs_origin_get(dirfd, name, ino) > 0) {
+		if (impure && sfs_origin_get(dirfd, name, ino) > 0) {
 			struct sfs_xpath x;
 			uint64_t count;
 
@@ -298,7 +303,7 @@ static int sfs_found_ino(struct sfs_found *f, int dirfd, const char *name,
 	}
 	*ino = sfs_ino_compose(sfs->lower[f->lower[0].layer - 1].fsid,
 			       f->st.st_ino);
-	if (S_ISREG(f->type) && f->st.st_nlink > 1 && sfs_has_upper())
+	if (!S_ISDIR(f->type) && f->st.st_nlink > 1 && sfs_has_upper())
 		return sfs_lookup_index(f, *ino);
 	return 0;
 }
@@ -307,13 +312,17 @@ int sfs_lookup_node(struct sfs_node *dir, const char *name,
 		    struct sfs_node **out)
 {
 	struct sfs_found f;
+	bool impure;
 	uint64_t ino;
 	int ret;
 
 	ret = sfs_lookup_name(dir, name, &f);
 	if (ret < 0)
 		return ret;
-	ret = sfs_found_ino(&f, sfs_upper(dir), name, &ino);
+	pthread_mutex_lock(&dir->lock);
+	impure = dir->impure;
+	pthread_mutex_unlock(&dir->lock);
+	ret = sfs_found_ino(&f, sfs_upper(dir), name, impure, &ino);
 	if (ret < 0) {
 		sfs_found_release(&f);
 		return ret;
