@@ -347,7 +347,9 @@ static int sfs_entry_handle(struct sfs_entry *e)
 		free(fh);
 		return -errno;
 	}
-	e->fh = fh;
+	/* most handles are 8 bytes, not MAX_HANDLE_SZ: a parked tree of
+	 * 100k nodes would otherwise carry 12 MiB of slack */
+	e->fh = realloc(fh, sizeof(*fh) + fh->handle_bytes) ?: fh;
 	return 0;
 }
 
