@@ -132,8 +132,7 @@ static int sfs_create(struct sfs_node *dir, const char *name,
 		if (S_ISDIR(ne->mode))
 			sfs_tmp_remove(tmp);
 	}
-	if (S_ISDIR(ne->mode))
-		sfs_node_dir_changed(dir, 1);
+	sfs_node_dir_changed(dir, S_ISDIR(ne->mode));
 	return sfs_lookup_node(dir, name, out);
 }
 
@@ -262,6 +261,8 @@ static int sfs_link(struct sfs_node *n, struct sfs_node *dir,
 				sfs_unlinkat(sfs->tmpfd, tmp, 0);
 		}
 	}
+	if (ret == 0)
+		sfs_node_dir_changed(dir, 0);
 	if (ret == 0 && n->indexed)
 		ret = sfs_index_nlink_add(n, 1) < 0 ? -EIO : 0;
 	return ret;
@@ -396,8 +397,7 @@ static int sfs_unlink(struct sfs_node *dir, const char *name, bool isdir)
 		ret = sfs_remove(dir, name, isdir);
 	if (ret == 0) {
 		sfs_node_removed(n);
-		if (isdir)
-			sfs_node_dir_changed(dir, -1);
+		sfs_node_dir_changed(dir, isdir ? -1 : 0);
 	}
 	sfs_node_release(n);
 	return ret;
@@ -556,6 +556,8 @@ static void sfs_rename_update(struct sfs_node *pdir, const char *name,
 	pthread_mutex_lock(&src->lock);
 	sfs_node_set_name(src, ndir, newname);
 	pthread_mutex_unlock(&src->lock);
+	sfs_node_dir_changed(pdir, 0);
+	sfs_node_dir_changed(ndir, 0);
 	if (S_ISDIR(src->type) && pdir != ndir) {
 		sfs_node_dir_changed(pdir, -1);
 		sfs_node_dir_changed(ndir, 1);

@@ -141,6 +141,34 @@ static void sfs_table_remove(struct sfs_node *n)
 	}
 }
 
+/* Caller holds the table lock. */
+static struct sfs_node *sfs_table_find(uint64_t ino, mode_t type)
+{
+	struct sfs_node *n = sfs->table[sfs_hash(ino, sfs->table_size)];
+
+	for (; n; n = n->hnext)
+		if (n->ino == ino && (n->type & S_IFMT) == (type & S_IFMT))
+			return n;
+	return NULL;
+}
+
+/* The node in the table for an inode number, referenced and pinned, or NULL. */
+struct sfs_node *sfs_node_find(uint64_t ino, mode_t type)
+{
+	struct sfs_node *n;
+
+	pthread_mutex_lock(&sfs->table_lock);
+	n = sfs_table_find(ino, type);
+	if (n)
+		n->refs++;
+	pthread_mutex_unlock(&sfs->table_lock);
+	if (n && sfs_node_pin(n) < 0) {
+		sfs_node_unref(n);
+		n = NULL;
+	}
+	return n;
+}
+
 struct sfs_node *sfs_node_get(fuse_ino_t nodeid)
 {
 	if (nodeid == FUSE_ROOT_ID)
@@ -241,10 +269,7 @@ struct sfs_node *sfs_node_from_found(struct sfs_node *parent,
 
 	pthread_mutex_lock(&sfs->table_lock);
 	h = sfs_hash(ino, sfs->table_size);
-	for (n = sfs->table[h]; n; n = n->hnext) {
-		if (n->ino == ino && (n->type & S_IFMT) == f->type)
-			break;
-	}
+	n = sfs_table_find(ino, f->type);
 	if (n) {
 		n->refs++;
 		pthread_mutex_unlock(&sfs->table_lock);
@@ -526,9 +551,14 @@ int sfs_node_set_name(struct sfs_node *n, struct sfs_node *parent,
 	return 0;
 }
 
-/* Keeps a merged directory's subdirectory count without a rescan. */
+/*
+ * An entry of the directory changed (after the change is in the upper
+ * layer): its listing generation moves on, and its merged subdirectory
+ * count follows without a rescan.
+ */
 void sfs_node_dir_changed(struct sfs_node *dir, int subdir_delta)
 {
+	atomic_fetch_add(&dir->dir_gen, 1);
 	pthread_mutex_lock(&dir->lock);
 	if (dir->subdirs >= 0)
 		dir->subdirs += subdir_delta;

@@ -323,6 +323,8 @@ static int sfs_dir_load(struct sfs_dir *d, off_t off)
 		d->count = 0;
 		d->loaded = false;
 	}
+	/* read before listing: a change racing the listing makes it stale */
+	d->gen = atomic_load(&d->node->dir_gen);
 	ret = sfs_dir_list(d->node, &d->ents, &d->count);
 	if (ret < 0)
 		return ret;
@@ -346,7 +348,14 @@ static size_t sfs_add_plus(fuse_req_t req, struct sfs_dir *d, char *p,
 		e.attr.st_mode = DTTOIF(de->type);
 		return fuse_add_direntry_plus(req, p, rem, de->name, &e, next);
 	}
-	if (sfs_lookup_node(d->node, de->name, &n) < 0) {
+	/*
+	 * While no entry of the directory has changed since the listing,
+	 * its d_ino names the very node behind each name: one the kernel
+	 * already holds needs no lookup through the layers.
+	 */
+	n = atomic_load(&d->node->dir_gen) == d->gen ?
+		    sfs_node_find(de->ino, DTTOIF(de->type)) : NULL;
+	if (!n && sfs_lookup_node(d->node, de->name, &n) < 0) {
 		*skip = true;	/* gone since the listing */
 		return 0;
 	}

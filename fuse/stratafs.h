@@ -96,6 +96,7 @@ struct sfs_node {
 	bool indexed;		/* upper data lives in the hardlink index */
 	bool unlinked;		/* no name left in the view */
 	int64_t subdirs;	/* merged dir: cached subdir count, -1 unknown */
+	atomic_ulong dir_gen;	/* dir: bumped whenever an entry changes */
 	int64_t index_nlink;	/* indexed: visible names, -1 not loaded */
 };
 
@@ -168,6 +169,7 @@ struct sfs_dir {
 	struct sfs_node *node;	/* referenced */
 	struct sfs_dirent *ents;
 	size_t count;
+	unsigned long gen;	/* the directory's generation at listing */
 	bool loaded;
 };
 
@@ -226,6 +228,7 @@ void sfs_op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name);
 int sfs_table_init(struct sfs_fs *fs);
 void sfs_table_destroy(struct sfs_fs *fs);
 struct sfs_node *sfs_node_get(fuse_ino_t nodeid);
+struct sfs_node *sfs_node_find(uint64_t ino, mode_t type);
 struct sfs_node *sfs_node_from_found(struct sfs_node *parent,
 				     const char *name, struct sfs_found *f,
 				     uint64_t ino, int *err);
