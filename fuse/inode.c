@@ -147,7 +147,8 @@ static struct sfs_node *sfs_table_find(uint64_t ino, mode_t type)
 	struct sfs_node *n = sfs->table[sfs_hash(ino, sfs->table_size)];
 
 	for (; n; n = n->hnext)
-		if (n->ino == ino && (n->type & S_IFMT) == (type & S_IFMT))
+		if (n->ino == ino && (n->type & S_IFMT) == (type & S_IFMT) &&
+		    !n->unhashed)
 			return n;
 	return NULL;
 }
@@ -220,14 +221,15 @@ static void sfs_node_put(struct sfs_node *n, uint64_t nlookup, uint64_t refs)
 }
 
 /*
- * A node whose last name is gone leaves the table at once: the
+ * A node whose last name is gone is never found by number again: the
  * filesystem may reuse its inode number for a new file, which must get
- * a node of its own.
+ * a node of its own. It stays on its chain until the kernel forgets it,
+ * so that an unmount without FORGETs still frees it at teardown.
  */
 void sfs_node_unhash(struct sfs_node *n)
 {
 	pthread_mutex_lock(&sfs->table_lock);
-	sfs_table_remove(n);
+	n->unhashed = true;
 	pthread_mutex_unlock(&sfs->table_lock);
 }
 

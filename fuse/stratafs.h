@@ -67,6 +67,7 @@ struct sfs_node {
 	struct sfs_node *hnext;	/* hash chain, under fs->table_lock */
 	uint64_t nlookup;	/* kernel references, under table_lock */
 	uint64_t refs;		/* our references, under table_lock */
+	bool unhashed;		/* never found by number again, under table_lock */
 
 	pthread_mutex_t lock;	/* guards everything below */
 	struct sfs_node *parent;	/* referenced; NULL for root */
