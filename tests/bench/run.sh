@@ -312,18 +312,26 @@ mount_target() {
 	PID[$t]=$LAST_PID
 }
 
-# A union target is healthy if its root answers. A dead FUSE daemon leaves
-# "Transport endpoint is not connected"; remount it (same upper) so the
-# remaining workloads still run, and say so in the report.
+# A union target is healthy if its daemon lives and its root can be
+# listed (opendir always reaches the daemon; a stat may be answered from
+# the kernel's attribute cache even when the daemon is gone). A dead FUSE
+# daemon leaves "Transport endpoint is not connected"; remount the target
+# (same upper) so the remaining workloads still run, and say so in the
+# report.
 ensure_target() { # ensure_target TARGET WORKLOAD ROUND
-	local t=$1 m=${MNT[$1]:-}
+	local t=$1 m=${MNT[$1]:-} p=${PID[$1]:-}
 	[ -z "$m" ] && return 0
-	mounted "$m" && timeout 10 stat -t "$m/." >/dev/null 2>&1 && return 0
+	if mounted "$m" && { [ -z "$p" ] || [ -d "/proc/$p" ]; } &&
+		timeout 10 ls -f "$m" >/dev/null 2>&1; then
+		return 0
+	fi
 	log "  $t is not answering before $2 (round $3); remounting"
 	printf '{"event":"remount","target":"%s","workload":"%s","round":%s}\n' \
 		"$t" "$2" "$3" >>"$RESULTS"
 	fusermount3 -uz "$m" 2>/dev/null || umount -l "$m" 2>/dev/null
-	[ -n "${PID[$t]:-}" ] && kill -9 "${PID[$t]}" 2>/dev/null
+	# A hung daemon is killed, but only if that pid is still ours.
+	[ -n "$p" ] && tr '\0' '\n' 2>/dev/null <"/proc/$p/cmdline" |
+		grep -qxF "$m" && kill -9 "$p" 2>/dev/null
 	PID[$t]=""
 	mount_target "$t" || { log "  remount of $t failed"; return 1; }
 }
@@ -381,8 +389,10 @@ wl_randwrite() {
 	sync
 	fio_run randwrite-1j "$t" "$r" randwrite FILE="$f" NUMJOBS=1 \
 		JOBSIZE=100% RUNTIME=$RUNTIME
+	sync
 	fio_run randwrite-4j "$t" "$r" randwrite FILE="$f" NUMJOBS=4 \
 		JOBSIZE=25% RUNTIME=$RUNTIME
+	sync
 }
 
 # Copy-up: the first append to a lower file. Each round has its own lower

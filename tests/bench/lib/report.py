@@ -196,7 +196,8 @@ def report(out):
          "%s files for metadata, tree of %s entries (entries files bytes: %s); "
          "fio runtime %s (time-based and cold random jobs), cold sequential reads capped at %s s" % (
              fill["seq"], fill["rand"], fill["copyup"], fill["nfiles"],
-             fill["tree"], meta.get("tree", "?"), meta.get("runtime", "?"),
+             fill["tree"], meta.get("tree", "?"),
+             meta.get("runtime", "?") + (" s" if meta.get("runtime", "").isdigit() else ""),
              meta.get("cold_cap", "?"))),
         ("started", meta.get("started", "?")),
     ]
