@@ -277,12 +277,7 @@ def test_redirect_honours_opaque_dir_on_its_lower_path(union, how):
     u = union.make(lowers=[{"d": ("opaque_dir",), "d/y/a": "a", "f": "file"},
                            {"d/y/hidden": "must stay hidden", "d/y/a": "deep a"}])
     assert names(u.path("d", "y")) == ["a"]
-    if how == "rename":
-        os.rename(u.path("d", "y"), u.path("moved"))
-        check = u.path("moved")
-    else:
-        renameat2(u.path("f"), u.path("d", "y"), RENAME_EXCHANGE)
-        check = u.path("f")
+    check = move_out_of_d(u, how)
     assert names(check) == ["a"]
     assert read_bytes(os.path.join(check, "a")) == b"a"
     snap = snapshot_tree(u.mnt)
@@ -291,16 +286,20 @@ def test_redirect_honours_opaque_dir_on_its_lower_path(union, how):
     assert_same(snap, snapshot_tree(u.mnt), ("before remount", "after remount"))
 
 
+def move_out_of_d(u, how):
+    """Moves d/y away by rename, or by exchange with f; returns where it is."""
+    if how == "rename":
+        os.rename(u.path("d", "y"), u.path("moved"))
+        return u.path("moved")
+    renameat2(u.path("f"), u.path("d", "y"), RENAME_EXCHANGE)
+    return u.path("f")
+
+
 @pytest.mark.parametrize("how", ["rename", "exchange"])
 def test_redirect_honours_whiteout_on_its_lower_path(union, how):
     u = union.make(lowers=[{"d/y/a": "a", "d/y/gone": ("whiteout",), "f": "file"},
                            {"d/y/gone": "must stay hidden"}])
-    if how == "rename":
-        os.rename(u.path("d", "y"), u.path("moved"))
-        check = u.path("moved")
-    else:
-        renameat2(u.path("f"), u.path("d", "y"), RENAME_EXCHANGE)
-        check = u.path("f")
+    check = move_out_of_d(u, how)
     assert names(check) == ["a"]
     u.remount()
     assert names(check) == ["a"]
