@@ -396,7 +396,6 @@ int sfs_open_entry(int dirfd, const char *name, mode_t type);
 int sfs_rename(int olddir, const char *old, int newdir, const char *new,
 	       unsigned int flags);
 int sfs_unlinkat(int dirfd, const char *name, int flags);
-int sfs_rmtree_at(int dirfd, const char *name);
 int sfs_errno(int ret);
 void sfs_reply_err(fuse_req_t req, int ret);
 int sfs_set_owner(int dirfd, const char *name, uid_t uid, gid_t gid);

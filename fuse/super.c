@@ -124,7 +124,7 @@ static int sfs_setup_work(struct sfs_fs *fs)
 			fs->params.workdir);
 		return -EBUSY;
 	}
-	ret = sfs_rmtree_at(fs->workfd, SFS_WORK_TMP);
+	ret = strata_rmtree_at(fs->workfd, SFS_WORK_TMP);
 	if (ret < 0 && ret != -ENOENT)
 		goto out_err;
 	if (mkdirat(fs->workfd, SFS_WORK_TMP, 0700) < 0 ||

@@ -66,43 +66,6 @@ int sfs_unlinkat(int dirfd, const char *name, int flags)
 	return 0;
 }
 
-/*
- * Removes a tree below dirfd. Used only on entries already moved into
- * the workdir, so nothing visible is ever half-removed.
- */
-int sfs_rmtree_at(int parent, const char *name)
-{
-	struct dirent *de;
-	DIR *d;
-	int fd, ret;
-
-	ret = sfs_unlinkat(parent, name, 0);
-	if (ret != -EISDIR)
-		return ret;
-	fd = openat(parent, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW |
-					 O_CLOEXEC);
-	if (fd < 0)
-		return -errno;
-	d = fdopendir(fd);
-	if (!d) {
-		ret = -errno;
-		close(fd);
-		return ret;
-	}
-	ret = 0;
-	while ((de = readdir(d))) {
-		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
-			continue;
-		ret = sfs_rmtree_at(dirfd(d), de->d_name);
-		if (ret < 0)
-			break;
-	}
-	closedir(d);
-	if (ret < 0)
-		return ret;
-	return sfs_unlinkat(parent, name, AT_REMOVEDIR);
-}
-
 int sfs_errno(int ret)
 {
 	return ret < 0 ? -ret : 0;

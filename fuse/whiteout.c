@@ -161,7 +161,7 @@ int sfs_tmp_name(char *buf, size_t size)
 
 int sfs_tmp_remove(const char *name)
 {
-	return sfs_rmtree_at(sfs->tmpfd, name);
+	return strata_rmtree_at(sfs->tmpfd, name);
 }
 
 static int sfs_whiteout_tmp(char *tmp, size_t size)

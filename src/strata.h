@@ -16,6 +16,8 @@ enum strata_log_level {
 /* log.c */
 void strata_log_init(const char *prog, int level);
 void strata_log_to_syslog(void);
+void strata_log_json(bool on);
+void strata_log_kv(int level, const char *msg, const char *const *kv);
 int strata_log_level(void);
 void strata_log(int level, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
@@ -30,5 +32,8 @@ int strata_log_format(char *buf, size_t size, int level, const char *fmt,
 		if (strata_log_level() >= STRATA_LOG_DEBUG)        \
 			strata_log(STRATA_LOG_DEBUG, __VA_ARGS__); \
 	} while (0)
+
+/* fsutil.c */
+int strata_rmtree_at(int parent, const char *name);
 
 #endif

@@ -69,7 +69,7 @@ static inline void fixture_done(struct fixture *fx)
 {
 	sfs_teardown(&fx->fs);
 	sfs_params_free(&fx->fs.params);
-	sfs_rmtree_at(AT_FDCWD, fx->root);
+	strata_rmtree_at(AT_FDCWD, fx->root);
 	close(fx->fd);
 }
 

@@ -45,7 +45,7 @@ int main(void)
 
 	close(in);
 	close(out);
-	sfs_rmtree_at(AT_FDCWD, tmpl);
+	strata_rmtree_at(AT_FDCWD, tmpl);
 	close(root);
 	free(a);
 	free(b);

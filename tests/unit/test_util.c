@@ -19,11 +19,11 @@ static void test_rmtree(int root)
 	CHECK(fd >= 0);
 	close(fd);
 	CHECK_EQ_INT(symlinkat("/etc", root, "t/a/link"), 0);
-	CHECK_EQ_INT(sfs_rmtree_at(root, "t"), 0);
+	CHECK_EQ_INT(strata_rmtree_at(root, "t"), 0);
 	CHECK(faccessat(root, "t", F_OK, AT_SYMLINK_NOFOLLOW) < 0);
 	/* a symlink to a directory is removed, never followed */
 	CHECK(access("/etc/passwd", F_OK) == 0);
-	CHECK_EQ_INT(sfs_rmtree_at(root, "missing"), -ENOENT);
+	CHECK_EQ_INT(strata_rmtree_at(root, "missing"), -ENOENT);
 }
 
 static void test_open_reopen(int root)
@@ -90,7 +90,7 @@ int main(void)
 	test_open_reopen(root);
 	test_ino();
 	test_errno();
-	sfs_rmtree_at(AT_FDCWD, tmpl);
+	strata_rmtree_at(AT_FDCWD, tmpl);
 	close(root);
 	return unit_done("test_util");
 }
