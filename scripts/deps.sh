@@ -7,7 +7,7 @@ set -euo pipefail
 PKGS=(
 	build-essential autoconf automake libtool pkg-config
 	libfuse3-dev fuse3 liburing-dev libmount-dev
-	libprotobuf-c-dev protobuf-c-compiler libgrpc-dev protobuf-compiler
+	libprotobuf-c-dev protobuf-c-compiler libgrpc-dev protobuf-compiler libprotobuf-dev
 	libjson-c-dev
 	python3 python3-pytest python3-grpcio python3-protobuf
 	attr acl util-linux kmod fuse-overlayfs fio valgrind

@@ -4,6 +4,7 @@
  * is /dev/null then, and a lost error message is worse than none).
  */
 #include <stdio.h>
+#include <string.h>
 #include <syslog.h>
 #include <unistd.h>
 
@@ -12,6 +13,7 @@
 static const char *log_prog = "strata";
 static int log_max = STRATA_LOG_INFO;
 static bool log_syslog;
+static bool log_json;
 
 static const char *const log_names[] = {
 	[STRATA_LOG_ERR] = "error",
@@ -30,6 +32,12 @@ void strata_log_to_syslog(void)
 {
 	openlog(log_prog, LOG_PID, LOG_DAEMON);
 	log_syslog = true;
+}
+
+/* One JSON object per line, for log collectors that parse fields. */
+void strata_log_json(bool on)
+{
+	log_json = on;
 }
 
 int strata_log_level(void)
@@ -60,11 +68,90 @@ void strata_log(int level, const char *fmt, ...)
 
 	if (level > log_max)
 		return;
+	if (log_json) {
+		const char *none[] = { NULL };
+
+		va_start(ap, fmt);
+		vsnprintf(line, sizeof(line), fmt, ap);
+		va_end(ap);
+		strata_log_kv(level, line, none);
+		return;
+	}
 	va_start(ap, fmt);
 	strata_log_format(line, sizeof(line), level, fmt, ap);
 	va_end(ap);
 	if (log_syslog)
-		syslog(prio[level], "%s", line + 0);
+		syslog(prio[level], "%s", line);
 	else
 		fprintf(stderr, "%s\n", line);
+}
+
+static size_t log_json_str(char *buf, size_t size, size_t len, const char *s)
+{
+	if (len < size)
+		buf[len] = '"';
+	len++;
+	for (; *s; s++) {
+		unsigned char c = (unsigned char)*s;
+		char esc[8];
+		const char *out = esc;
+
+		if (c == '"' || c == '\\')
+			snprintf(esc, sizeof(esc), "\\%c", c);
+		else if (c < 0x20)
+			snprintf(esc, sizeof(esc), "\\u%04x", c);
+		else {
+			esc[0] = (char)c;
+			esc[1] = '\0';
+		}
+		for (; *out; out++, len++)
+			if (len < size)
+				buf[len] = *out;
+	}
+	if (len < size)
+		buf[len] = '"';
+	return len + 1;
+}
+
+/*
+ * A message with key/value fields: "msg k=v k=v" as text, or the fields
+ * as members of the JSON object. `kv` is a list of key, value pairs that
+ * ends at the first NULL key.
+ */
+void strata_log_kv(int level, const char *msg, const char *const *kv)
+{
+	char line[2048];
+	size_t len = 0;
+
+	if (level > log_max)
+		return;
+	if (level < STRATA_LOG_ERR || level > STRATA_LOG_DEBUG)
+		level = STRATA_LOG_ERR;
+	if (log_json) {
+		len = snprintf(line, sizeof(line),
+			       "{\"prog\":\"%s\",\"level\":\"%s\",\"msg\":",
+			       log_prog, log_names[level]);
+		len = log_json_str(line, sizeof(line), len, msg);
+		for (; kv[0]; kv += 2) {
+			if (len < sizeof(line))
+				line[len] = ',';
+			len = log_json_str(line, sizeof(line), len + 1, kv[0]);
+			if (len < sizeof(line))
+				line[len] = ':';
+			len = log_json_str(line, sizeof(line), len + 1, kv[1]);
+		}
+		if (len + 2 > sizeof(line))
+			len = sizeof(line) - 2; /* cut, but still one line */
+		line[len++] = '}';
+		line[len] = '\0';
+		fprintf(stderr, "%s\n", line);
+		return;
+	}
+	len = snprintf(line, sizeof(line), "%s", msg);
+	for (; kv[0] && len < sizeof(line); kv += 2)
+		len += snprintf(line + len, sizeof(line) - len,
+				strpbrk(kv[1], " \"=") || !kv[1][0] ?
+					" %s=\"%s\"" : " %s=%s",
+				kv[0], kv[1]);
+	strata_log(level, "%s", line);
 }

@@ -1,0 +1,549 @@
+/*
+ * The Controller service over the directory store: volumes are created
+ * and deleted on this node, so "controller" here means bookkeeping in
+ * the store, never a remote storage system.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include "csi.h"
+
+#define CSI_K8S_PREFIX "csi.storage.k8s.io/"
+
+/* A Volume message with its topology, all in one allocation. */
+struct csi_volume_msg {
+	Csi__V1__Volume vol;
+	struct csi_topo topo;
+	Csi__V1__Topology *topos[1];
+	Csi__V1__Volume__VolumeContextEntry ctx;
+	Csi__V1__Volume__VolumeContextEntry *ctxs[1];
+};
+
+static char *csi_join_layers(struct csi_reply *r, const struct csi_volume *v)
+{
+	size_t len = 1;
+	char *s;
+
+	for (int i = 0; i < v->nlayers; i++)
+		len += strlen(v->layers[i]) + 1;
+	s = csi_alloc(r, len);
+	for (int i = 0; s && i < v->nlayers; i++) {
+		if (i)
+			strcat(s, ",");
+		strcat(s, v->layers[i]);
+	}
+	return s;
+}
+
+static Csi__V1__Volume *csi_volume_msg(struct csi_plugin *p,
+				       struct csi_reply *r,
+				       const struct csi_volume *v)
+{
+	struct csi_volume_msg *m = csi_alloc(r, sizeof(*m));
+
+	if (!m)
+		return NULL;
+	csi__v1__volume__init(&m->vol);
+	m->vol.volume_id = csi_strdup(r, v->id);
+	m->vol.capacity_bytes = v->capacity;
+	m->topos[0] = csi_topo_init(&m->topo, p);
+	m->vol.n_accessible_topology = 1;
+	m->vol.accessible_topology = m->topos;
+	csi__v1__volume__volume_context_entry__init(&m->ctx);
+	m->ctx.key = "layers";
+	m->ctx.value = csi_join_layers(r, v);
+	m->ctxs[0] = &m->ctx;
+	m->vol.n_volume_context = 1;
+	m->vol.volume_context = m->ctxs;
+	if (!m->vol.volume_id || !m->ctx.value)
+		return NULL;
+	return &m->vol;
+}
+
+/* The spec bans control characters in names, and caps strings at 128 bytes. */
+static int csi_name_check(const char *name, char *why, size_t size)
+{
+	if (!name[0]) {
+		snprintf(why, size, "name is required");
+		return -EINVAL;
+	}
+	if (strlen(name) > CSI_NAME_MAX) {
+		snprintf(why, size, "name is longer than %d bytes", CSI_NAME_MAX);
+		return -EINVAL;
+	}
+	for (const unsigned char *c = (const void *)name; *c; c++) {
+		/* U+007F..U+009F: DEL, and C1 controls as UTF-8 (0xC2 0x80..0x9F) */
+		if ((*c < 0x20 && *c != '\t' && *c != '\n' && *c != '\r') ||
+		    *c == 0x7f || (c[0] == 0xc2 && c[1] >= 0x80 && c[1] <= 0x9f)) {
+			snprintf(why, size, "name holds a control character");
+			return -EINVAL;
+		}
+	}
+	return 0;
+}
+
+static int csi_caps_check(Csi__V1__VolumeCapability *const *caps, size_t n,
+			  char *why, size_t size)
+{
+	if (!n) {
+		snprintf(why, size, "volume_capabilities are required");
+		return -EINVAL;
+	}
+	for (size_t i = 0; i < n; i++)
+		if (csi_capability_check(caps[i], why, size))
+			return -EINVAL;
+	return 0;
+}
+
+/* Layers: names checked, each a real directory beneath layers/, no repeats. */
+static int csi_layers_check(struct csi_plugin *p, struct csi_volume *v,
+			    const char *list, char *why, size_t size)
+{
+	int ret = csi_split_layers(list, &v->layers, &v->nlayers);
+
+	if (ret == -E2BIG) {
+		snprintf(why, size, "more than %d layers", CSI_MAX_LAYERS);
+		return -EINVAL;
+	}
+	if (ret)
+		return ret;
+	for (int i = 0; i < v->nlayers; i++) {
+		const char *name = v->layers[i];
+		int fd;
+
+		if (csi_layer_name_check(name)) {
+			snprintf(why, size, "layer name '%.*s' is malformed (a layer is a name of letters, digits, '.', '_' and '-' that starts with a letter or digit, at most %d bytes)",
+				 CSI_LAYER_NAME_MAX, name, CSI_LAYER_NAME_MAX);
+			return -EINVAL;
+		}
+		for (int j = 0; j < i; j++)
+			if (!strcmp(v->layers[j], name)) {
+				snprintf(why, size, "layer '%s' is listed twice", name);
+				return -EINVAL;
+			}
+		fd = csi_layer_open(&p->store, name);
+		if (fd < 0) {
+			snprintf(why, size, "layer '%s' %s", name,
+				 fd == -ENOENT ? "does not exist in the store's layers directory" :
+				 fd == -ELOOP || fd == -EXDEV ? "is a symlink, and layers are never followed through links" :
+				 fd == -ENOTDIR ? "is not a directory" : strerror(-fd));
+			return -EINVAL;
+		}
+		close(fd);
+	}
+	return 0;
+}
+
+static int csi_params_check(struct csi_plugin *p, struct csi_volume *v,
+			    const Csi__V1__CreateVolumeRequest *req, char *why,
+			    size_t size)
+{
+	const char *layers = CSI_MAP_GET(req, parameters, "layers");
+	int ret;
+
+	for (size_t i = 0; i < req->n_parameters; i++) {
+		const char *k = req->parameters[i]->key;
+
+		/* the external-provisioner's own metadata, never ours */
+		if (strcmp(k, "layers") &&
+		    strncmp(k, CSI_K8S_PREFIX, strlen(CSI_K8S_PREFIX))) {
+			snprintf(why, size, "unknown parameter '%.64s' (Strata takes: layers)", k);
+			return -EINVAL;
+		}
+	}
+	ret = csi_layers_check(p, v, layers ? layers : "", why, size);
+	if (ret)
+		return ret;
+	v->parameters = json_object_new_object();
+	if (!v->parameters)
+		return -ENOMEM;
+	for (size_t i = 0; i < req->n_parameters; i++)
+		json_object_object_add(v->parameters, req->parameters[i]->key,
+				       json_object_new_string(req->parameters[i]->value));
+	return 0;
+}
+
+static int64_t csi_store_free(struct csi_plugin *p)
+{
+	struct statvfs st;
+
+	if (fstatvfs(p->store.root_fd, &st) < 0)
+		return -errno;
+	return (int64_t)st.f_bavail * (int64_t)st.f_frsize;
+}
+
+static bool csi_same_volume(const struct csi_volume *a,
+			    const struct csi_volume *b)
+{
+	if (a->capacity != b->capacity || a->nlayers != b->nlayers)
+		return false;
+	for (int i = 0; i < a->nlayers; i++)
+		if (strcmp(a->layers[i], b->layers[i]))
+			return false;
+	return true;
+}
+
+static void csi_create_volume(struct csi_plugin *p, const ProtobufCMessage *msg,
+			      struct csi_reply *r)
+{
+	const Csi__V1__CreateVolumeRequest *req = (const void *)msg;
+	const Csi__V1__CapacityRange *cr = req->capacity_range;
+	Csi__V1__CreateVolumeResponse *out;
+	struct csi_volume want = { 0 }, have = { 0 };
+	int64_t avail;
+	char why[384];
+	int ret;
+
+	if (csi_name_check(req->name, why, sizeof(why)) ||
+	    csi_caps_check(req->volume_capabilities,
+			   req->n_volume_capabilities, why, sizeof(why))) {
+		csi_reply_set(r, GRPC_STATUS_INVALID_ARGUMENT, "%s", why);
+		return;
+	}
+	if (req->volume_content_source) {
+		csi_reply_set(r, GRPC_STATUS_INVALID_ARGUMENT,
+			      "volume_content_source is not supported: Strata neither clones volumes nor restores snapshots");
+		return;
+	}
+	if (cr && (cr->required_bytes < 0 || cr->limit_bytes < 0)) {
+		csi_reply_set(r, GRPC_STATUS_INVALID_ARGUMENT,
+			      "capacity_range must not be negative");
+		return;
+	}
+	if (cr && cr->limit_bytes && cr->required_bytes > cr->limit_bytes) {
+		csi_reply_set(r, GRPC_STATUS_OUT_OF_RANGE,
+			      "capacity_range: required_bytes %lld exceeds limit_bytes %lld",
+			      (long long)cr->required_bytes,
+			      (long long)cr->limit_bytes);
+		return;
+	}
+	if (req->accessibility_requirements &&
+	    req->accessibility_requirements->n_requisite) {
+		const Csi__V1__TopologyRequirement *t = req->accessibility_requirements;
+		bool ok = false;
+
+		for (size_t i = 0; i < t->n_requisite && !ok; i++)
+			ok = csi_topo_matches(t->requisite[i], p);
+		if (!ok) {
+			csi_reply_set(r, GRPC_STATUS_RESOURCE_EXHAUSTED,
+				      "no requisite topology names this node (%s=%s)",
+				      p->topology_key, p->cfg.node_id);
+			return;
+		}
+	}
+	want.capacity = cr ? (cr->required_bytes ? cr->required_bytes : cr->limit_bytes) : 0;
+	ret = csi_params_check(p, &want, req, why, sizeof(why));
+	if (ret) {
+		if (ret == -EINVAL)
+			csi_reply_set(r, GRPC_STATUS_INVALID_ARGUMENT, "%s", why);
+		else
+			csi_reply_errno(r, ret, "parameters");
+		goto out;
+	}
+
+	pthread_mutex_lock(&p->store.create_lock);
+	ret = csi_volume_find_name(&p->store, req->name, &have);
+	if (ret == 0) {
+		csi_reply_volume(r, have.id);
+		if (!csi_same_volume(&want, &have)) {
+			csi_reply_set(r, GRPC_STATUS_ALREADY_EXISTS,
+				      "volume '%.128s' exists as %s with other layers or capacity",
+				      req->name, have.id);
+			goto out_unlock;
+		}
+		goto out_reply;
+	}
+	if (ret != -ENOENT) {
+		csi_reply_errno(r, ret, "store");
+		goto out_unlock;
+	}
+	avail = csi_store_free(p);
+	if (avail >= 0 && want.capacity > avail) {
+		csi_reply_set(r, GRPC_STATUS_OUT_OF_RANGE,
+			      "capacity %lld bytes exceeds the %lld bytes free in the store",
+			      (long long)want.capacity, (long long)avail);
+		goto out_unlock;
+	}
+	want.name = strdup(req->name);
+	ret = want.name ? csi_volume_new_id(want.id) : -ENOMEM;
+	if (!ret)
+		ret = csi_volume_create(&p->store, &want);
+	if (ret) {
+		csi_reply_errno(r, ret, "creating the volume");
+		goto out_unlock;
+	}
+	csi_reply_volume(r, want.id);
+	strata_info("volume %s created for '%s'", want.id, req->name);
+	csi_volume_free(&have);
+	have = want;
+	memset(&want, 0, sizeof(want));
+out_reply:
+	out = csi_alloc(r, sizeof(*out));
+	if (out) {
+		csi__v1__create_volume_response__init(out);
+		out->volume = csi_volume_msg(p, r, &have);
+	}
+	if (!out || !out->volume)
+		csi_reply_errno(r, -ENOMEM, "CreateVolume");
+	else
+		csi_reply_ok(r, out);
+out_unlock:
+	pthread_mutex_unlock(&p->store.create_lock);
+out:
+	csi_volume_free(&want);
+	csi_volume_free(&have);
+}
+
+static void csi_delete_volume(struct csi_plugin *p, const ProtobufCMessage *msg,
+			      struct csi_reply *r)
+{
+	const Csi__V1__DeleteVolumeRequest *req = (const void *)msg;
+	static Csi__V1__DeleteVolumeResponse out = CSI__V1__DELETE_VOLUME_RESPONSE__INIT;
+	struct csi_node_vol n;
+	int ret;
+
+	if (!req->volume_id[0]) {
+		csi_reply_set(r, GRPC_STATUS_INVALID_ARGUMENT, "volume_id is required");
+		return;
+	}
+	csi_reply_volume(r, req->volume_id);
+	/* an id that cannot be ours names no volume: deleting it is done */
+	if (!csi_volume_id_valid(req->volume_id)) {
+		csi_reply_ok(r, &out);
+		return;
+	}
+	if (csi_busy_enter(&p->store, req->volume_id)) {
+		csi_reply_set(r, GRPC_STATUS_ABORTED,
+			      "another operation on volume %s is in progress",
+			      req->volume_id);
+		return;
+	}
+	ret = csi_state_load(&p->store, req->volume_id, &n);
+	if (ret == 0) {
+		csi_reply_set(r, GRPC_STATUS_FAILED_PRECONDITION,
+			      "volume %s is staged on this node at %s: unstage it first",
+			      req->volume_id, n.staging);
+		csi_state_free(&n);
+		goto out;
+	}
+	ret = csi_volume_delete(&p->store, req->volume_id);
+	if (ret) {
+		csi_reply_errno(r, ret, "deleting the volume");
+		goto out;
+	}
+	csi_reply_ok(r, &out);
+out:
+	csi_busy_leave(&p->store, req->volume_id);
+}
+
+static void csi_validate_caps(struct csi_plugin *p, const ProtobufCMessage *msg,
+			      struct csi_reply *r)
+{
+	const Csi__V1__ValidateVolumeCapabilitiesRequest *req = (const void *)msg;
+	Csi__V1__ValidateVolumeCapabilitiesResponse *out;
+	Csi__V1__ValidateVolumeCapabilitiesResponse__Confirmed *conf;
+	struct csi_volume v;
+	char why[384];
+	int ret;
+
+	if (!req->volume_id[0]) {
+		csi_reply_set(r, GRPC_STATUS_INVALID_ARGUMENT, "volume_id is required");
+		return;
+	}
+	csi_reply_volume(r, req->volume_id);
+	if (!req->n_volume_capabilities) {
+		csi_reply_set(r, GRPC_STATUS_INVALID_ARGUMENT,
+			      "volume_capabilities are required");
+		return;
+	}
+	ret = csi_volume_load(&p->store, req->volume_id, &v);
+	if (ret) {
+		csi_reply_set(r, ret == -ENOENT ? GRPC_STATUS_NOT_FOUND : GRPC_STATUS_INTERNAL,
+			      "volume %.64s: %s", req->volume_id,
+			      ret == -ENOENT ? "no such volume" : strerror(-ret));
+		return;
+	}
+	csi_volume_free(&v);
+	out = csi_alloc(r, sizeof(*out));
+	conf = csi_alloc(r, sizeof(*conf));
+	if (!out || !conf) {
+		csi_reply_errno(r, -ENOMEM, "ValidateVolumeCapabilities");
+		return;
+	}
+	csi__v1__validate_volume_capabilities_response__init(out);
+	if (csi_caps_check(req->volume_capabilities, req->n_volume_capabilities,
+			   why, sizeof(why))) {
+		out->message = csi_strdup(r, why);
+		if (!out->message)
+			out->message = "";
+	} else {
+		/* confirm what was asked: the same capabilities, echoed */
+		csi__v1__validate_volume_capabilities_response__confirmed__init(conf);
+		conf->n_volume_capabilities = req->n_volume_capabilities;
+		conf->volume_capabilities = req->volume_capabilities;
+		conf->n_volume_context = req->n_volume_context;
+		conf->volume_context = (void *)req->volume_context;
+		conf->n_parameters = req->n_parameters;
+		conf->parameters = (void *)req->parameters;
+		out->confirmed = conf;
+	}
+	csi_reply_ok(r, out);
+}
+
+static int csi_strcmp_p(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/*
+ * Pages are in id order and a token is the last id handed out, so a
+ * volume created or deleted between pages never shifts the others.
+ */
+static void csi_list_volumes(struct csi_plugin *p, const ProtobufCMessage *msg,
+			     struct csi_reply *r)
+{
+	const Csi__V1__ListVolumesRequest *req = (const void *)msg;
+	Csi__V1__ListVolumesResponse *out;
+	char **ids = NULL;
+	int n = 0, first = 0, ret;
+
+	if (req->max_entries < 0) {
+		csi_reply_set(r, GRPC_STATUS_INVALID_ARGUMENT,
+			      "max_entries must not be negative");
+		return;
+	}
+	if (req->starting_token[0] && !csi_volume_id_valid(req->starting_token)) {
+		csi_reply_set(r, GRPC_STATUS_ABORTED,
+			      "starting_token '%.64s' was not handed out by this plugin",
+			      req->starting_token);
+		return;
+	}
+	ret = csi_volume_list(&p->store, &ids, &n);
+	if (ret) {
+		csi_reply_errno(r, ret, "listing the store");
+		return;
+	}
+	qsort(ids, n, sizeof(*ids), csi_strcmp_p);
+	while (req->starting_token[0] && first < n &&
+	       strcmp(ids[first], req->starting_token) <= 0)
+		first++;
+	out = csi_alloc(r, sizeof(*out));
+	if (!out)
+		goto out_nomem;
+	csi__v1__list_volumes_response__init(out);
+	out->entries = csi_alloc(r, sizeof(*out->entries) * (n + 1));
+	if (!out->entries)
+		goto out_nomem;
+	for (int i = first; i < n; i++) {
+		Csi__V1__ListVolumesResponse__Entry *e;
+		struct csi_volume v;
+
+		if (req->max_entries && out->n_entries == (size_t)req->max_entries) {
+			out->next_token = csi_strdup(r, ids[i - 1]);
+			if (!out->next_token)
+				goto out_nomem;
+			break;
+		}
+		/* deleted meanwhile, or a record half-written by a crash */
+		if (csi_volume_load(&p->store, ids[i], &v))
+			continue;
+		e = csi_alloc(r, sizeof(*e));
+		if (e) {
+			csi__v1__list_volumes_response__entry__init(e);
+			e->volume = csi_volume_msg(p, r, &v);
+		}
+		csi_volume_free(&v);
+		if (!e || !e->volume)
+			goto out_nomem;
+		out->entries[out->n_entries++] = e;
+	}
+	csi_free_strv(ids, n);
+	csi_reply_ok(r, out);
+	return;
+out_nomem:
+	csi_free_strv(ids, n);
+	csi_reply_errno(r, -ENOMEM, "ListVolumes");
+}
+
+static void csi_get_capacity(struct csi_plugin *p, const ProtobufCMessage *msg,
+			     struct csi_reply *r)
+{
+	const Csi__V1__GetCapacityRequest *req = (const void *)msg;
+	Csi__V1__GetCapacityResponse *out = csi_alloc(r, sizeof(*out));
+	char why[384];
+	int64_t avail;
+
+	if (req->n_volume_capabilities &&
+	    csi_caps_check(req->volume_capabilities, req->n_volume_capabilities,
+			   why, sizeof(why))) {
+		csi_reply_set(r, GRPC_STATUS_INVALID_ARGUMENT, "%s", why);
+		return;
+	}
+	if (!out) {
+		csi_reply_errno(r, -ENOMEM, "GetCapacity");
+		return;
+	}
+	csi__v1__get_capacity_response__init(out);
+	/* another node's topology has none of this node's space */
+	if (!req->accessible_topology || csi_topo_matches(req->accessible_topology, p)) {
+		avail = csi_store_free(p);
+		if (avail < 0) {
+			csi_reply_errno(r, (int)avail, "statvfs of the store");
+			return;
+		}
+		out->available_capacity = avail;
+	}
+	csi_reply_ok(r, out);
+}
+
+static void csi_controller_caps(struct csi_plugin *p, const ProtobufCMessage *msg,
+				struct csi_reply *r)
+{
+	static const int types[] = {
+		CSI__V1__CONTROLLER_SERVICE_CAPABILITY__RPC__TYPE__CREATE_DELETE_VOLUME,
+		CSI__V1__CONTROLLER_SERVICE_CAPABILITY__RPC__TYPE__LIST_VOLUMES,
+		CSI__V1__CONTROLLER_SERVICE_CAPABILITY__RPC__TYPE__GET_CAPACITY,
+		CSI__V1__CONTROLLER_SERVICE_CAPABILITY__RPC__TYPE__SINGLE_NODE_MULTI_WRITER,
+	};
+	const size_t n = sizeof(types) / sizeof(types[0]);
+	Csi__V1__ControllerGetCapabilitiesResponse *out = csi_alloc(r, sizeof(*out));
+
+	if (out) {
+		csi__v1__controller_get_capabilities_response__init(out);
+		out->capabilities = (void *)csi_caps_build(
+			r, &csi__v1__controller_service_capability__descriptor,
+			&csi__v1__controller_service_capability__rpc__descriptor,
+			types, n);
+		out->n_capabilities = n;
+	}
+	if (!out || !out->capabilities)
+		csi_reply_errno(r, -ENOMEM, "ControllerGetCapabilities");
+	else
+		csi_reply_ok(r, out);
+}
+
+const struct csi_method csi_controller_methods[] = {
+	{ "/csi.v1.Controller/CreateVolume",
+	  &csi__v1__create_volume_request__descriptor, csi_create_volume,
+	  CSI_MODE_CONTROLLER, true },
+	{ "/csi.v1.Controller/DeleteVolume",
+	  &csi__v1__delete_volume_request__descriptor, csi_delete_volume,
+	  CSI_MODE_CONTROLLER, true },
+	{ "/csi.v1.Controller/ValidateVolumeCapabilities",
+	  &csi__v1__validate_volume_capabilities_request__descriptor,
+	  csi_validate_caps, CSI_MODE_CONTROLLER, false },
+	{ "/csi.v1.Controller/ListVolumes",
+	  &csi__v1__list_volumes_request__descriptor, csi_list_volumes,
+	  CSI_MODE_CONTROLLER, false },
+	{ "/csi.v1.Controller/GetCapacity",
+	  &csi__v1__get_capacity_request__descriptor, csi_get_capacity,
+	  CSI_MODE_CONTROLLER, false },
+	{ "/csi.v1.Controller/ControllerGetCapabilities",
+	  &csi__v1__controller_get_capabilities_request__descriptor,
+	  csi_controller_caps, CSI_MODE_CONTROLLER, false },
+	{ NULL },
+};

@@ -1,0 +1,283 @@
+/*
+ * strata-csi internals: the CSI plugin's modules and what they share.
+ *
+ * Only server.c and client.c know gRPC. Everything else takes unpacked
+ * protobuf-c messages and answers with a gRPC status code, a plain message
+ * and a reply (struct csi_reply), so that the handlers read like the spec:
+ * check the request, lock the volume, load state, return early if already
+ * done, act, save, reply.
+ *
+ * Below the handlers, functions return 0 or a negative errno; the handler
+ * is where an errno becomes a status code and a sentence.
+ */
+#ifndef STRATA_CSI_H
+#define STRATA_CSI_H
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include <grpc/status.h>
+#include <json-c/json.h>
+
+#include "csi.pb-c.h"
+#include "strata.h"
+
+#define CSI_DEFAULT_DRIVER "strata.csi.dev"
+#define CSI_DEFAULT_ROOT "/var/lib/strata"
+/* "sv-" and 32 hex digits: 128 random bits, never a path before checked */
+#define CSI_VOLUME_ID_PREFIX "sv-"
+#define CSI_VOLUME_ID_LEN 35
+#define CSI_LAYER_NAME_MAX 128
+#define CSI_MAX_LAYERS 64
+#define CSI_NAME_MAX 128 /* CreateVolume name: the spec's limit */
+/* how long NodeStageVolume waits for a new daemon's mount to answer */
+#define CSI_STAGE_TIMEOUT_MS 15000
+
+enum csi_mode {
+	CSI_MODE_NODE = 1,
+	CSI_MODE_CONTROLLER = 2,
+};
+
+struct csi_config {
+	char *endpoint;		/* unix:///abs/path.sock */
+	char *socket_path;	/* the path part of endpoint */
+	char *node_id;
+	char *root;
+	char *driver_name;
+	char *stratafs;		/* the daemon binary NodeStageVolume runs */
+	unsigned modes;		/* enum csi_mode bits */
+	int64_t max_volumes;	/* 0: no limit */
+	int workers;		/* threads polling the completion queue */
+};
+
+/* The store's directories, opened once; paths are only for messages. */
+struct csi_store {
+	char *root;
+	int root_fd;
+	int layers_fd;
+	int volumes_fd;
+	int node_fd;
+	int empty_fd; /* the base of a volume without layers */
+	int lock_fd;
+	pthread_mutex_t create_lock; /* CreateVolume's name lookup + create */
+	pthread_mutex_t busy_lock;
+	struct csi_busy *busy; /* volume ids with an operation in flight */
+};
+
+struct csi_plugin {
+	struct csi_config cfg;
+	struct csi_store store;
+	char *topology_key;	/* "<driver>/node" */
+	int ready;		/* 0 starting, 1 ready, <0 -errno of the check */
+	char ready_msg[256];
+	struct csi_watch *watch; /* daemons watched through pidfds */
+};
+
+/*
+ * What a handler answers: status, message, and on OK the reply. The reply
+ * and all its parts are allocated with csi_alloc, and freed together once
+ * the server has sent them.
+ */
+struct csi_reply {
+	grpc_status_code code;
+	char msg[512];
+	ProtobufCMessage *msg_out;
+	void **allocs;
+	size_t nallocs;
+	char volume_id[64];		/* for the per-call log line */
+};
+
+/* The topology of this node, as replies carry it. */
+struct csi_topo {
+	Csi__V1__Topology topo;
+	Csi__V1__Topology__SegmentsEntry seg;
+	Csi__V1__Topology__SegmentsEntry *segs[1];
+};
+
+typedef void (*csi_handler_fn)(struct csi_plugin *p,
+			       const ProtobufCMessage *req,
+			       struct csi_reply *r);
+
+struct csi_method {
+	const char *path;	/* "/csi.v1.Node/NodeStageVolume" */
+	const ProtobufCMessageDescriptor *input;
+	csi_handler_fn handler;
+	unsigned mode;		/* enum csi_mode it belongs to; 0: identity */
+	bool blocking;		/* may wait on disks or daemons: own thread */
+};
+
+/* A volume record: volumes/<id>/volume.json. */
+struct csi_volume {
+	char id[CSI_VOLUME_ID_LEN + 1];
+	char *name;
+	int64_t capacity;
+	int nlayers;
+	char **layers;
+	char *created;		/* RFC 3339 */
+	json_object *parameters; /* the CreateVolume parameters as given */
+};
+
+/* One bind mount of a staged volume into a pod. */
+struct csi_target {
+	char *path;
+	bool readonly;
+	char *flags;		/* the mount flags, comma-joined, as checked */
+};
+
+/* Node state of one volume: node/<id>.json. */
+struct csi_node_vol {
+	char id[CSI_VOLUME_ID_LEN + 1];
+	char *staging;
+	char *stage_flags;	/* canonical form of the stage capability */
+	pid_t pid;
+	unsigned long long starttime; /* /proc/<pid>/stat: tells pid reuse */
+	int ntargets;
+	struct csi_target *targets;
+};
+
+/* server.c */
+int csi_server_run(struct csi_plugin *p, const sigset_t *stop_signals);
+
+/* client.c: unary calls over the gRPC C core, for stratactl and tests */
+struct csi_client;
+/*
+ * Opens a channel to `endpoint`: "unix:///abs/path", "unix:/abs/path" or
+ * a bare "/abs/path". Returns -EINVAL for any other form, -ENAMETOOLONG
+ * for a path a unix socket cannot have. Connects lazily: a socket nobody
+ * listens on shows up as the first call's UNAVAILABLE status.
+ */
+int csi_client_open(const char *endpoint, struct csi_client **c);
+/* The gRPC target for `endpoint` ("unix:/abs"), malloc'd; errors as above. */
+int csi_client_target(const char *endpoint, char **target);
+/*
+ * Calls `method` ("/csi.v1.Node/NodeGetInfo") with `req`. Returns 0 when a
+ * status arrived (then *code and *details say which; *out is the unpacked
+ * reply on GRPC_STATUS_OK), or a negative errno when the call could not be
+ * made at all. A reply that does not unpack as `out_desc` comes back as
+ * GRPC_STATUS_INTERNAL with details saying so. *details is malloc'd (free
+ * it), NULL on OK; free *out with protobuf_c_message_free_unpacked().
+ * timeout_ms <= 0: no deadline.
+ */
+int csi_client_call(struct csi_client *c, const char *method,
+		    const ProtobufCMessage *req,
+		    const ProtobufCMessageDescriptor *out_desc,
+		    ProtobufCMessage **out, grpc_status_code *code,
+		    char **details, int timeout_ms);
+void csi_client_close(struct csi_client *c);
+/* "NOT_FOUND": a status code as gRPC spells it (libcsiwire has no reply.c) */
+const char *csi_client_code_name(grpc_status_code code);
+
+/* identity.c, controller.c, node.c: method tables, NULL-path terminated */
+extern const struct csi_method csi_identity_methods[];
+extern const struct csi_method csi_controller_methods[];
+extern const struct csi_method csi_node_methods[];
+
+/* reply.c */
+void csi_reply_set(struct csi_reply *r, grpc_status_code code,
+		   const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+void csi_reply_errno(struct csi_reply *r, int err, const char *what);
+void csi_reply_ok(struct csi_reply *r, void *msg);
+void *csi_alloc(struct csi_reply *r, size_t size);
+char *csi_strdup(struct csi_reply *r, const char *s);
+void csi_reply_free(struct csi_reply *r);
+Csi__V1__Topology *csi_topo_init(struct csi_topo *t,
+				 const struct csi_plugin *p);
+bool csi_topo_matches(const Csi__V1__Topology *t, const struct csi_plugin *p);
+void **csi_caps_build(struct csi_reply *r,
+		      const ProtobufCMessageDescriptor *cap_desc,
+		      const ProtobufCMessageDescriptor *rpc_desc,
+		      const int *types, size_t n);
+void csi_reply_volume(struct csi_reply *r, const char *volume_id);
+const char *csi_code_name(grpc_status_code code);
+
+/* validate.c */
+bool csi_volume_id_valid(const char *id);
+int csi_layer_name_check(const char *name);
+int csi_split_layers(const char *list, char ***names, int *count);
+void csi_free_strv(char **v, int n);
+/* Every map<string,string> entry protoc-c generates has this layout. */
+struct csi_map_entry {
+	ProtobufCMessage base;
+	char *key;
+	char *value;
+};
+const char *csi_map_get(size_t n, void *const *entries, const char *key);
+#define CSI_MAP_GET(msg, field, key) \
+	csi_map_get((msg)->n_##field, (void *const *)(msg)->field, (key))
+int csi_capability_check(const Csi__V1__VolumeCapability *cap, char *why,
+			 size_t size);
+bool csi_capability_readonly(const Csi__V1__VolumeCapability *cap);
+int csi_mount_flags(const Csi__V1__VolumeCapability *cap, unsigned long *flags,
+		    char **canon, char *why, size_t size);
+unsigned long csi_flags_from_canon(const char *canon);
+int csi_path_check(const char *path, char *why, size_t size);
+
+/* lock.c: one operation at a time per volume */
+int csi_busy_enter(struct csi_store *s, const char *id);
+void csi_busy_leave(struct csi_store *s, const char *id);
+void csi_busy_clear(struct csi_store *s);
+
+/* record.c: JSON files written atomically */
+int csi_record_write(int dirfd, const char *name, json_object *obj);
+int csi_record_read(int dirfd, const char *name, json_object **obj);
+int csi_record_remove(int dirfd, const char *name);
+const char *csi_json_str(json_object *o, const char *key);
+int64_t csi_json_int(json_object *o, const char *key);
+
+/* store.c */
+int csi_store_open(struct csi_store *s, const char *root);
+void csi_store_close(struct csi_store *s);
+int csi_store_check(struct csi_store *s, char *why, size_t size);
+int csi_volume_new_id(char id[CSI_VOLUME_ID_LEN + 1]);
+int csi_volume_load(struct csi_store *s, const char *id, struct csi_volume *v);
+int csi_volume_find_name(struct csi_store *s, const char *name,
+			 struct csi_volume *v);
+int csi_volume_create(struct csi_store *s, struct csi_volume *v);
+int csi_volume_delete(struct csi_store *s, const char *id);
+int csi_store_scan(int dirfd, const char *suffix, char ***ids, int *count);
+int csi_volume_list(struct csi_store *s, char ***ids, int *count);
+void csi_volume_free(struct csi_volume *v);
+int csi_layer_open(struct csi_store *s, const char *name);
+int csi_volume_usage(struct csi_store *s, const char *id, int64_t *bytes,
+		     int64_t *inodes);
+
+/* state.c: node records */
+int csi_state_load(struct csi_store *s, const char *id, struct csi_node_vol *n);
+int csi_state_save(struct csi_store *s, const struct csi_node_vol *n);
+int csi_state_remove(struct csi_store *s, const char *id);
+int csi_state_list(struct csi_store *s, char ***ids, int *count);
+void csi_state_free(struct csi_node_vol *n);
+struct csi_target *csi_state_target(struct csi_node_vol *n, const char *path);
+int csi_state_add_target(struct csi_node_vol *n, const char *path,
+			 bool readonly, const char *flags);
+void csi_state_drop_target(struct csi_node_vol *n, const char *path);
+
+/* mount.c */
+int csi_mount_bind(const char *source, const char *target,
+		   unsigned long flags);
+int csi_mount_umount(const char *target);
+int csi_mount_find(const char *path, char *fstype, size_t size,
+		   char *source, size_t ssize);
+int csi_mount_same(const char *a, const char *b);
+int csi_mount_alive(const char *path);
+int csi_path_canon(const char *path, char *out, size_t size);
+
+/* daemon.c */
+int csi_daemon_start(struct csi_plugin *p, const struct csi_volume *v,
+		     const char *staging, struct csi_node_vol *n, char *why,
+		     size_t size);
+int csi_daemon_stop(struct csi_plugin *p, struct csi_node_vol *n);
+bool csi_daemon_alive(const struct csi_node_vol *n);
+unsigned long long csi_daemon_starttime(pid_t pid);
+
+/* reconcile.c */
+int csi_reconcile(struct csi_plugin *p);
+int csi_heal(struct csi_plugin *p, const struct csi_volume *v,
+	     struct csi_node_vol *n, char *why, size_t size);
+int csi_watch_start(struct csi_plugin *p);
+void csi_watch_stop(struct csi_plugin *p);
+
+#endif

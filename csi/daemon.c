@@ -1,0 +1,283 @@
+/*
+ * The stratafs daemons: one per staged volume, started in a session of
+ * its own so that it outlives the plugin (a plugin upgrade must not take
+ * the pods' volumes down), told apart from a reused pid by its start
+ * time, and stopped by unmounting first, so that it exits on its own
+ * with its data flushed.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "csi.h"
+
+#define CSI_STOP_TIMEOUT_MS 5000
+
+/* Field 22 of /proc/<pid>/stat, in clock ticks since boot; 0 if gone. */
+unsigned long long csi_daemon_starttime(pid_t pid)
+{
+	char path[64], buf[1024], *p;
+	unsigned long long start = 0;
+	char state;
+	ssize_t n;
+	int fd;
+
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return 0;
+	n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return 0;
+	buf[n] = '\0';
+	/* the command name may hold spaces and parentheses: skip to the last ')' */
+	p = strrchr(buf, ')');
+	if (!p || sscanf(p + 1, " %c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu",
+			 &state, &start) != 2)
+		return 0;
+	return state == 'Z' || state == 'X' ? 0 : start;
+}
+
+bool csi_daemon_alive(const struct csi_node_vol *n)
+{
+	return n->pid > 0 && n->starttime &&
+	       csi_daemon_starttime(n->pid) == n->starttime;
+}
+
+static int64_t csi_now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* The end of this start's log: the daemon's own words on why it failed. */
+static void csi_daemon_log_tail(int fd, off_t from, char *why, size_t size,
+				const char *prefix)
+{
+	char buf[1024];
+	ssize_t n;
+	off_t end = lseek(fd, 0, SEEK_END);
+
+	if (end - from > (off_t)sizeof(buf) - 1)
+		from = end - (sizeof(buf) - 1);
+	n = pread(fd, buf, sizeof(buf) - 1, from);
+	if (n < 0)
+		n = 0;
+	while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == ' '))
+		n--;
+	buf[n] = '\0';
+	for (char *c = buf; *c; c++)
+		if (*c == '\n')
+			*c = ' ';
+	snprintf(why, size, "%s%s%s", prefix, n ? ": " : "", buf);
+}
+
+struct csi_spawn {
+	char *argv[8];
+	int logfd;
+	int nullfd;
+	int nfds;
+	int fds[CSI_MAX_LAYERS];
+};
+
+/* Between fork and exec only async-signal-safe calls. */
+static void csi_daemon_child(const struct csi_spawn *sp, const char *bin)
+{
+	sigset_t none;
+
+	sigemptyset(&none);
+	sigprocmask(SIG_SETMASK, &none, NULL);
+	setsid();
+	for (int i = 0; i < sp->nfds; i++)
+		fcntl(sp->fds[i], F_SETFD, 0);
+	dup2(sp->nullfd, 0);
+	dup2(sp->logfd, 1);
+	dup2(sp->logfd, 2);
+	execv(bin, sp->argv);
+	_exit(127);
+}
+
+static int csi_daemon_opts(struct csi_plugin *p, const struct csi_volume *v,
+			   struct csi_spawn *sp, char **opts, char *why,
+			   size_t size)
+{
+	struct csi_store *s = &p->store;
+	size_t cap = 256 + 3 * strlen(s->root) + 32 * (v->nlayers + 1);
+	char *o = malloc(cap);
+	size_t len;
+
+	if (!o)
+		return -ENOMEM;
+	len = snprintf(o, cap, "lowerdir=");
+	/*
+	 * The daemon gets the layers as descriptors opened beneath layers/,
+	 * so a symlink swapped in after the check cannot redirect it.
+	 */
+	for (int i = 0; i < v->nlayers; i++) {
+		int fd = csi_layer_open(s, v->layers[i]);
+
+		if (fd < 0) {
+			snprintf(why, size, "layer '%s' of volume %s: %s",
+				 v->layers[i], v->id,
+				 fd == -ELOOP ? "is a symlink" : strerror(-fd));
+			free(o);
+			return fd == -ENOENT || fd == -ELOOP ? -ENOENT : fd;
+		}
+		sp->fds[sp->nfds++] = fd;
+		len += snprintf(o + len, cap - len, "%s/proc/self/fd/%d",
+				i ? ":" : "", fd);
+	}
+	if (!v->nlayers)
+		len += snprintf(o + len, cap - len, "%s/empty", s->root);
+	snprintf(o + len, cap - len,
+		 ",upperdir=%s/volumes/%s/upper,workdir=%s/volumes/%s/work,allow_other",
+		 s->root, v->id, s->root, v->id);
+	*opts = o;
+	return 0;
+}
+
+/*
+ * Starts stratafs on `staging` and returns once the mount answers. On
+ * failure nothing is left mounted or running, and `why` holds the
+ * daemon's own error message.
+ */
+int csi_daemon_start(struct csi_plugin *p, const struct csi_volume *v,
+		     const char *staging, struct csi_node_vol *n, char *why,
+		     size_t size)
+{
+	struct csi_spawn sp = { .logfd = -1, .nullfd = -1 };
+	char logname[64], *opts = NULL, fstype[64];
+	int64_t deadline;
+	off_t from;
+	pid_t pid;
+	int ret, status;
+
+	ret = csi_daemon_opts(p, v, &sp, &opts, why, size);
+	if (ret)
+		goto out;
+	snprintf(logname, sizeof(logname), "%s.log", v->id);
+	sp.logfd = openat(p->store.node_fd, logname,
+			  O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+	sp.nullfd = open("/dev/null", O_RDWR | O_CLOEXEC);
+	if (sp.logfd < 0 || sp.nullfd < 0) {
+		ret = -errno;
+		snprintf(why, size, "daemon log %s/node/%s: %s", p->store.root,
+			 logname, strerror(errno));
+		goto out;
+	}
+	dprintf(sp.logfd, "strata-csi: starting stratafs on %s\n", staging);
+	from = lseek(sp.logfd, 0, SEEK_END);
+	sp.argv[0] = "stratafs";
+	sp.argv[1] = "-f";
+	sp.argv[2] = "-o";
+	sp.argv[3] = opts;
+	sp.argv[4] = (char *)staging;
+	sp.argv[5] = NULL;
+
+	pid = fork();
+	if (pid < 0) {
+		ret = -errno;
+		snprintf(why, size, "fork: %s", strerror(errno));
+		goto out;
+	}
+	if (pid == 0)
+		csi_daemon_child(&sp, p->cfg.stratafs);
+
+	deadline = csi_now_ms() + CSI_STAGE_TIMEOUT_MS;
+	for (;;) {
+		pid_t w = waitpid(pid, &status, WNOHANG);
+
+		if (w == pid || (w < 0 && errno == ECHILD)) {
+			csi_daemon_log_tail(sp.logfd, from, why, size,
+					    "stratafs failed to start");
+			ret = -EIO;
+			break;
+		}
+		if (!csi_mount_find(staging, fstype, sizeof(fstype), NULL, 0) &&
+		    !strcmp(fstype, "fuse.stratafs") && !csi_mount_alive(staging)) {
+			n->pid = pid;
+			n->starttime = csi_daemon_starttime(pid);
+			ret = 0;
+			break;
+		}
+		if (csi_now_ms() > deadline) {
+			kill(pid, SIGKILL);
+			waitpid(pid, NULL, 0);
+			if (!csi_mount_find(staging, NULL, 0, NULL, 0))
+				umount2(staging, MNT_DETACH);
+			csi_daemon_log_tail(sp.logfd, from, why, size,
+					    "stratafs did not answer in time");
+			ret = -ETIMEDOUT;
+			break;
+		}
+		poll(NULL, 0, 5);
+	}
+out:
+	for (int i = 0; i < sp.nfds; i++)
+		close(sp.fds[i]);
+	if (sp.logfd >= 0)
+		close(sp.logfd);
+	if (sp.nullfd >= 0)
+		close(sp.nullfd);
+	free(opts);
+	return ret;
+}
+
+static int csi_pidfd_wait(int pidfd, int timeout_ms)
+{
+	struct pollfd pfd = { .fd = pidfd, .events = POLLIN };
+
+	return poll(&pfd, 1, timeout_ms) == 1 ? 0 : -ETIMEDOUT;
+}
+
+/*
+ * Unmounts the staging path, which ends the daemon's FUSE session, and
+ * waits for it to exit; a daemon that hangs gets SIGTERM, then SIGKILL.
+ */
+int csi_daemon_stop(struct csi_plugin *p, struct csi_node_vol *n)
+{
+	int pidfd = -1, ret = 0;
+
+	if (!csi_mount_find(n->staging, NULL, 0, NULL, 0)) {
+		ret = csi_mount_umount(n->staging);
+		if (ret && ret != -EINVAL)
+			return ret;
+	}
+	if (csi_daemon_alive(n))
+		pidfd = syscall(SYS_pidfd_open, n->pid, 0);
+	if (pidfd >= 0) {
+		/* recheck: the pid may have been reused before the open */
+		if (!csi_daemon_alive(n)) {
+			close(pidfd);
+			pidfd = -1;
+		}
+	}
+	if (pidfd >= 0) {
+		if (csi_pidfd_wait(pidfd, CSI_STOP_TIMEOUT_MS)) {
+			strata_warn("volume %s: stratafs %d still runs after the unmount: SIGTERM",
+				    n->id, (int)n->pid);
+			syscall(SYS_pidfd_send_signal, pidfd, SIGTERM, NULL, 0);
+			if (csi_pidfd_wait(pidfd, CSI_STOP_TIMEOUT_MS)) {
+				syscall(SYS_pidfd_send_signal, pidfd, SIGKILL,
+					NULL, 0);
+				csi_pidfd_wait(pidfd, -1);
+			}
+		}
+		close(pidfd);
+	}
+	/* our own child is reaped here; an adopted one by its parent */
+	waitpid(n->pid, NULL, WNOHANG);
+	return 0;
+}

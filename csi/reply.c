@@ -1,0 +1,183 @@
+/*
+ * Handler answers: a status code, one plain sentence, and on OK the reply
+ * message. This is the edge where a negative errno becomes a gRPC code.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "csi.h"
+
+void csi_reply_set(struct csi_reply *r, grpc_status_code code,
+		   const char *fmt, ...)
+{
+	va_list ap;
+
+	r->code = code;
+	va_start(ap, fmt);
+	vsnprintf(r->msg, sizeof(r->msg), fmt, ap);
+	va_end(ap);
+}
+
+/*
+ * The codes follow the spec's tables: what the caller can do about it
+ * decides the code, and the errno only says which case we are in.
+ */
+void csi_reply_errno(struct csi_reply *r, int err, const char *what)
+{
+	grpc_status_code code;
+
+	switch (err) {
+	case -ENOENT:
+		code = GRPC_STATUS_NOT_FOUND;
+		break;
+	case -ENOSPC:
+	case -EDQUOT:
+	case -EMFILE:
+	case -ENFILE:
+		code = GRPC_STATUS_RESOURCE_EXHAUSTED;
+		break;
+	case -EBUSY:
+		code = GRPC_STATUS_FAILED_PRECONDITION;
+		break;
+	case -EINVAL:
+		code = GRPC_STATUS_INVALID_ARGUMENT;
+		break;
+	default:
+		code = GRPC_STATUS_INTERNAL;
+	}
+	csi_reply_set(r, code, "%s: %s", what, strerror(-err));
+}
+
+void csi_reply_ok(struct csi_reply *r, void *msg)
+{
+	r->code = GRPC_STATUS_OK;
+	r->msg[0] = '\0';
+	r->msg_out = msg;
+}
+
+/* Zeroed memory that lives as long as the reply; NULL when out of memory. */
+void *csi_alloc(struct csi_reply *r, size_t size)
+{
+	void **v = realloc(r->allocs, sizeof(*v) * (r->nallocs + 1));
+	void *m;
+
+	if (!v)
+		return NULL;
+	r->allocs = v;
+	m = calloc(1, size);
+	if (m)
+		r->allocs[r->nallocs++] = m;
+	return m;
+}
+
+char *csi_strdup(struct csi_reply *r, const char *s)
+{
+	char *d = csi_alloc(r, strlen(s) + 1);
+
+	return d ? strcpy(d, s) : NULL;
+}
+
+void csi_reply_free(struct csi_reply *r)
+{
+	for (size_t i = 0; i < r->nallocs; i++)
+		free(r->allocs[i]);
+	free(r->allocs);
+	r->allocs = NULL;
+	r->nallocs = 0;
+	r->msg_out = NULL;
+}
+
+/* Volumes are reachable from this node only: one segment names it. */
+Csi__V1__Topology *csi_topo_init(struct csi_topo *t,
+				 const struct csi_plugin *p)
+{
+	csi__v1__topology__init(&t->topo);
+	csi__v1__topology__segments_entry__init(&t->seg);
+	t->seg.key = p->topology_key;
+	t->seg.value = p->cfg.node_id;
+	t->segs[0] = &t->seg;
+	t->topo.n_segments = 1;
+	t->topo.segments = t->segs;
+	return &t->topo;
+}
+
+bool csi_topo_matches(const Csi__V1__Topology *t, const struct csi_plugin *p)
+{
+	const char *v = CSI_MAP_GET(t, segments, p->topology_key);
+
+	/* a segment this plugin does not know cannot be satisfied */
+	return v && !strcmp(v, p->cfg.node_id) && t->n_segments == 1;
+}
+
+void csi_reply_volume(struct csi_reply *r, const char *volume_id)
+{
+	snprintf(r->volume_id, sizeof(r->volume_id), "%s", volume_id);
+}
+
+const char *csi_code_name(grpc_status_code code)
+{
+	static const char *const names[] = {
+		[GRPC_STATUS_OK] = "OK",
+		[GRPC_STATUS_CANCELLED] = "CANCELLED",
+		[GRPC_STATUS_UNKNOWN] = "UNKNOWN",
+		[GRPC_STATUS_INVALID_ARGUMENT] = "INVALID_ARGUMENT",
+		[GRPC_STATUS_DEADLINE_EXCEEDED] = "DEADLINE_EXCEEDED",
+		[GRPC_STATUS_NOT_FOUND] = "NOT_FOUND",
+		[GRPC_STATUS_ALREADY_EXISTS] = "ALREADY_EXISTS",
+		[GRPC_STATUS_PERMISSION_DENIED] = "PERMISSION_DENIED",
+		[GRPC_STATUS_RESOURCE_EXHAUSTED] = "RESOURCE_EXHAUSTED",
+		[GRPC_STATUS_FAILED_PRECONDITION] = "FAILED_PRECONDITION",
+		[GRPC_STATUS_ABORTED] = "ABORTED",
+		[GRPC_STATUS_OUT_OF_RANGE] = "OUT_OF_RANGE",
+		[GRPC_STATUS_UNIMPLEMENTED] = "UNIMPLEMENTED",
+		[GRPC_STATUS_INTERNAL] = "INTERNAL",
+		[GRPC_STATUS_UNAVAILABLE] = "UNAVAILABLE",
+		[GRPC_STATUS_DATA_LOSS] = "DATA_LOSS",
+		[GRPC_STATUS_UNAUTHENTICATED] = "UNAUTHENTICATED",
+	};
+
+	if ((unsigned)code < sizeof(names) / sizeof(names[0]) && names[code])
+		return names[code];
+	return "UNKNOWN";
+}
+
+/*
+ * Controller and node capabilities share one shape in the generated code
+ * (a oneof holding an RPC message with a type enum), so one builder makes
+ * either list from its two descriptors.
+ */
+struct csi_cap_shape {
+	ProtobufCMessage base;
+	int type_case;
+	ProtobufCMessage *rpc;
+};
+
+struct csi_rpc_shape {
+	ProtobufCMessage base;
+	int type;
+};
+
+void **csi_caps_build(struct csi_reply *r,
+		      const ProtobufCMessageDescriptor *cap_desc,
+		      const ProtobufCMessageDescriptor *rpc_desc,
+		      const int *types, size_t n)
+{
+	void **caps = csi_alloc(r, n * sizeof(void *));
+
+	for (size_t i = 0; caps && i < n; i++) {
+		struct csi_cap_shape *c = csi_alloc(r, cap_desc->sizeof_message);
+		struct csi_rpc_shape *rpc = csi_alloc(r, rpc_desc->sizeof_message);
+
+		if (!c || !rpc)
+			return NULL;
+		protobuf_c_message_init(cap_desc, c);
+		protobuf_c_message_init(rpc_desc, rpc);
+		rpc->type = types[i];
+		c->type_case = 1; /* the rpc member: field 1 of the oneof */
+		c->rpc = &rpc->base;
+		caps[i] = c;
+	}
+	return caps;
+}

@@ -1,0 +1,173 @@
+/*
+ * Node state: node/<id>.json says where a volume is staged, which daemon
+ * serves it, and where it is published. It is what lets a restarted plugin
+ * find and keep serving the volumes its predecessor set up.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "csi.h"
+
+void csi_state_free(struct csi_node_vol *n)
+{
+	free(n->staging);
+	free(n->stage_flags);
+	for (int i = 0; i < n->ntargets; i++) {
+		free(n->targets[i].path);
+		free(n->targets[i].flags);
+	}
+	free(n->targets);
+	memset(n, 0, sizeof(*n));
+}
+
+static char *csi_dup_or_empty(const char *s)
+{
+	return strdup(s ? s : "");
+}
+
+static int csi_state_parse(json_object *o, struct csi_node_vol *n)
+{
+	const char *id = csi_json_str(o, "volume_id");
+	const char *staging = csi_json_str(o, "staging_path");
+	json_object *targets;
+
+	if (!id || !csi_volume_id_valid(id) || !staging || staging[0] != '/')
+		return -EBADMSG;
+	memcpy(n->id, id, sizeof(n->id));
+	n->staging = strdup(staging);
+	n->stage_flags = csi_dup_or_empty(csi_json_str(o, "stage_flags"));
+	n->pid = (pid_t)csi_json_int(o, "pid");
+	n->starttime = (unsigned long long)csi_json_int(o, "starttime");
+	if (!n->staging || !n->stage_flags)
+		return -ENOMEM;
+	if (!json_object_object_get_ex(o, "targets", &targets) ||
+	    !json_object_is_type(targets, json_type_array))
+		return 0;
+	for (size_t i = 0; i < json_object_array_length(targets); i++) {
+		json_object *t = json_object_array_get_idx(targets, i), *ro;
+		const char *path = csi_json_str(t, "path");
+		int ret;
+
+		if (!path || path[0] != '/')
+			return -EBADMSG;
+		json_object_object_get_ex(t, "readonly", &ro);
+		ret = csi_state_add_target(n, path, json_object_get_boolean(ro),
+					   csi_json_str(t, "flags"));
+		if (ret)
+			return ret;
+	}
+	return 0;
+}
+
+int csi_state_load(struct csi_store *s, const char *id, struct csi_node_vol *n)
+{
+	char name[64];
+	json_object *o;
+	int ret;
+
+	memset(n, 0, sizeof(*n));
+	if (!csi_volume_id_valid(id))
+		return -ENOENT;
+	snprintf(name, sizeof(name), "%s.json", id);
+	ret = csi_record_read(s->node_fd, name, &o);
+	if (ret)
+		return ret;
+	ret = csi_state_parse(o, n);
+	json_object_put(o);
+	if (!ret && strcmp(n->id, id))
+		ret = -EBADMSG;
+	if (ret)
+		csi_state_free(n);
+	return ret;
+}
+
+int csi_state_save(struct csi_store *s, const struct csi_node_vol *n)
+{
+	json_object *o = json_object_new_object(), *targets;
+	char name[64];
+	int ret;
+
+	if (!o)
+		return -ENOMEM;
+	targets = json_object_new_array();
+	json_object_object_add(o, "volume_id", json_object_new_string(n->id));
+	json_object_object_add(o, "staging_path",
+			       json_object_new_string(n->staging));
+	json_object_object_add(o, "stage_flags",
+			       json_object_new_string(n->stage_flags ? n->stage_flags : ""));
+	json_object_object_add(o, "pid", json_object_new_int64(n->pid));
+	json_object_object_add(o, "starttime",
+			       json_object_new_int64((int64_t)n->starttime));
+	for (int i = 0; targets && i < n->ntargets; i++) {
+		json_object *t = json_object_new_object();
+
+		json_object_object_add(t, "path",
+				       json_object_new_string(n->targets[i].path));
+		json_object_object_add(t, "readonly",
+				       json_object_new_boolean(n->targets[i].readonly));
+		json_object_object_add(t, "flags",
+				       json_object_new_string(n->targets[i].flags));
+		json_object_array_add(targets, t);
+	}
+	json_object_object_add(o, "targets", targets);
+	snprintf(name, sizeof(name), "%s.json", n->id);
+	ret = csi_record_write(s->node_fd, name, o);
+	json_object_put(o);
+	return ret;
+}
+
+int csi_state_remove(struct csi_store *s, const char *id)
+{
+	char name[64];
+
+	snprintf(name, sizeof(name), "%s.json", id);
+	return csi_record_remove(s->node_fd, name);
+}
+
+int csi_state_list(struct csi_store *s, char ***ids, int *count)
+{
+	return csi_store_scan(s->node_fd, ".json", ids, count);
+}
+
+struct csi_target *csi_state_target(struct csi_node_vol *n, const char *path)
+{
+	for (int i = 0; i < n->ntargets; i++)
+		if (!strcmp(n->targets[i].path, path))
+			return &n->targets[i];
+	return NULL;
+}
+
+int csi_state_add_target(struct csi_node_vol *n, const char *path,
+			 bool readonly, const char *flags)
+{
+	struct csi_target *t = realloc(n->targets,
+				       sizeof(*t) * (n->ntargets + 1));
+
+	if (!t)
+		return -ENOMEM;
+	n->targets = t;
+	t = &n->targets[n->ntargets];
+	t->path = strdup(path);
+	t->flags = csi_dup_or_empty(flags);
+	t->readonly = readonly;
+	if (!t->path || !t->flags) {
+		free(t->path);
+		free(t->flags);
+		return -ENOMEM;
+	}
+	n->ntargets++;
+	return 0;
+}
+
+void csi_state_drop_target(struct csi_node_vol *n, const char *path)
+{
+	struct csi_target *t = csi_state_target(n, path);
+
+	if (!t)
+		return;
+	free(t->path);
+	free(t->flags);
+	*t = n->targets[--n->ntargets];
+}

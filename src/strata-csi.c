@@ -1,0 +1,303 @@
+/*
+ * strata-csi: the CSI plugin's entry point. Parses the command line,
+ * takes the socket's lock and the store, starts the watcher that keeps
+ * staged volumes alive, and serves gRPC until SIGTERM or SIGINT.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <libgen.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <grpc/grpc.h>
+
+#include "csi.h"
+
+static void csi_usage(FILE *f)
+{
+	fprintf(f,
+		"usage: strata-csi --endpoint unix:///path/csi.sock --nodeid NODE [options]\n"
+		"\n"
+		"Serves the CSI Identity, Controller and Node services for Strata union\n"
+		"volumes over gRPC on a unix socket.\n"
+		"\n"
+		"  --endpoint EP        unix:///abs/path.sock (default: $CSI_ENDPOINT)\n"
+		"  --nodeid NODE        this node's id, as the CO knows it (required)\n"
+		"  --root DIR           the directory store (default %s)\n"
+		"  --driver-name NAME   the plugin name (default %s)\n"
+		"  --mode LIST          node,controller (default both)\n"
+		"  --max-volumes N      volumes this node may have staged (0: no limit)\n"
+		"  --stratafs PATH      the stratafs daemon (default: beside strata-csi,\n"
+		"                       else from PATH)\n"
+		"  -v N                 verbosity: 0 warnings, 1-4 info (default), 5 debug\n"
+		"  --log-format FMT     text (default) or json\n"
+		"  --version            print the version and exit\n"
+		"  --help               print this help and exit\n",
+		CSI_DEFAULT_ROOT, CSI_DEFAULT_DRIVER);
+}
+
+/* gRPC takes "unix:" URIs; a bare path would be read as a DNS name. */
+static int csi_parse_endpoint(struct csi_config *c, const char *ep)
+{
+	const char *path = NULL;
+	struct sockaddr_un sun;
+
+	if (!strncmp(ep, "unix://", 7))
+		path = ep + 7;
+	else if (!strncmp(ep, "unix:", 5))
+		path = ep + 5;
+	else if (ep[0] == '/')
+		path = ep;
+	if (!path || path[0] != '/') {
+		fprintf(stderr, "strata-csi: endpoint '%s' is not unix:///absolute/path\n", ep);
+		return -EINVAL;
+	}
+	if (strlen(path) >= sizeof(sun.sun_path)) {
+		fprintf(stderr, "strata-csi: socket path '%s' is longer than %zu bytes\n",
+			path, sizeof(sun.sun_path) - 1);
+		return -ENAMETOOLONG;
+	}
+	c->socket_path = strdup(path);
+	if (!c->socket_path || asprintf(&c->endpoint, "unix://%s", path) < 0)
+		return -ENOMEM;
+	return 0;
+}
+
+static int csi_parse_modes(struct csi_config *c, const char *list)
+{
+	char *copy = strdup(list), *save = NULL;
+
+	if (!copy)
+		return -ENOMEM;
+	c->modes = 0;
+	for (char *m = strtok_r(copy, ",", &save); m; m = strtok_r(NULL, ",", &save)) {
+		if (!strcmp(m, "node"))
+			c->modes |= CSI_MODE_NODE;
+		else if (!strcmp(m, "controller"))
+			c->modes |= CSI_MODE_CONTROLLER;
+		else {
+			fprintf(stderr, "strata-csi: unknown mode '%s' (node, controller)\n", m);
+			free(copy);
+			return -EINVAL;
+		}
+	}
+	free(copy);
+	return c->modes ? 0 : -EINVAL;
+}
+
+/* The daemon beside this binary (an install or a build tree), else PATH. */
+static char *csi_find_stratafs(void)
+{
+	char self[PATH_MAX], buf[PATH_MAX + 16];
+	const char *path = getenv("PATH");
+	ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+
+	if (n > 0) {
+		self[n] = '\0';
+		snprintf(buf, sizeof(buf), "%s/stratafs", dirname(self));
+		if (access(buf, X_OK) == 0)
+			return strdup(buf);
+	}
+	while (path && *path) {
+		size_t len = strcspn(path, ":");
+
+		snprintf(buf, sizeof(buf), "%.*s/stratafs", (int)len, path);
+		if (buf[0] == '/' && access(buf, X_OK) == 0)
+			return strdup(buf);
+		path += len + (path[len] == ':');
+	}
+	return strdup("/usr/bin/stratafs");
+}
+
+static int csi_parse_args(int argc, char **argv, struct csi_config *c,
+			  bool *json)
+{
+	static const struct option opts[] = {
+		{ "endpoint", required_argument, NULL, 'e' },
+		{ "nodeid", required_argument, NULL, 'n' },
+		{ "root", required_argument, NULL, 'r' },
+		{ "driver-name", required_argument, NULL, 'd' },
+		{ "mode", required_argument, NULL, 'm' },
+		{ "max-volumes", required_argument, NULL, 'x' },
+		{ "stratafs", required_argument, NULL, 's' },
+		{ "log-format", required_argument, NULL, 'l' },
+		{ "version", no_argument, NULL, 'V' },
+		{ "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
+	};
+	const char *endpoint = getenv("CSI_ENDPOINT");
+	char *end;
+	int opt;
+
+	c->modes = CSI_MODE_NODE | CSI_MODE_CONTROLLER;
+	c->workers = 4;
+	while ((opt = getopt_long(argc, argv, "v:", opts, NULL)) != -1) {
+		switch (opt) {
+		case 'e':
+			endpoint = optarg;
+			break;
+		case 'n':
+			free(c->node_id);
+			c->node_id = strdup(optarg);
+			break;
+		case 'r':
+			free(c->root);
+			c->root = strdup(optarg);
+			break;
+		case 'd':
+			free(c->driver_name);
+			c->driver_name = strdup(optarg);
+			break;
+		case 'm':
+			if (csi_parse_modes(c, optarg))
+				return 2;
+			break;
+		case 'x':
+			c->max_volumes = strtoll(optarg, &end, 10);
+			if (*end || c->max_volumes < 0) {
+				fprintf(stderr, "strata-csi: --max-volumes takes a count\n");
+				return 2;
+			}
+			break;
+		case 's':
+			free(c->stratafs);
+			c->stratafs = strdup(optarg);
+			break;
+		case 'l':
+			if (strcmp(optarg, "text") && strcmp(optarg, "json")) {
+				fprintf(stderr, "strata-csi: --log-format is text or json\n");
+				return 2;
+			}
+			*json = !strcmp(optarg, "json");
+			break;
+		case 'v':
+			strata_log_init("strata-csi", atoi(optarg) <= 0 ? STRATA_LOG_WARN :
+				       atoi(optarg) >= 5 ? STRATA_LOG_DEBUG : STRATA_LOG_INFO);
+			break;
+		case 'V':
+			printf("strata-csi %s\n", STRATA_VERSION);
+			return 1;
+		case 'h':
+			csi_usage(stdout);
+			return 1;
+		default:
+			csi_usage(stderr);
+			return 2;
+		}
+	}
+	if (optind < argc) {
+		fprintf(stderr, "strata-csi: unexpected argument '%s'\n", argv[optind]);
+		return 2;
+	}
+	if (!endpoint || !c->node_id || !c->node_id[0]) {
+		fprintf(stderr, "strata-csi: --endpoint (or CSI_ENDPOINT) and --nodeid are required\n");
+		csi_usage(stderr);
+		return 2;
+	}
+	if (csi_parse_endpoint(c, endpoint))
+		return 2;
+	if (!c->root)
+		c->root = strdup(CSI_DEFAULT_ROOT);
+	if (!c->driver_name)
+		c->driver_name = strdup(CSI_DEFAULT_DRIVER);
+	if (!c->stratafs)
+		c->stratafs = csi_find_stratafs();
+	if (!c->root || !c->driver_name || !c->stratafs)
+		return 2;
+	return 0;
+}
+
+/* A second live plugin would silently steal the socket: one per socket. */
+static int csi_lock_socket(const char *socket_path)
+{
+	char path[sizeof(((struct sockaddr_un *)0)->sun_path) + 8];
+	int fd;
+
+	snprintf(path, sizeof(path), "%s.lock", socket_path);
+	fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+	if (fd < 0) {
+		fprintf(stderr, "strata-csi: %s: %s\n", path, strerror(errno));
+		return -1;
+	}
+	if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+		fprintf(stderr, "strata-csi: another strata-csi serves %s\n",
+			socket_path);
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+static void csi_config_free(struct csi_config *c)
+{
+	free(c->endpoint);
+	free(c->socket_path);
+	free(c->node_id);
+	free(c->root);
+	free(c->driver_name);
+	free(c->stratafs);
+}
+
+int main(int argc, char **argv)
+{
+	static struct csi_plugin p;
+	sigset_t stop;
+	bool json = false;
+	int lock_fd, ret;
+
+	strata_log_init("strata-csi", STRATA_LOG_INFO);
+	ret = csi_parse_args(argc, argv, &p.cfg, &json);
+	if (ret) {
+		csi_config_free(&p.cfg);
+		return ret == 1 ? 0 : 2;
+	}
+	strata_log_json(json);
+	ret = 1;
+	lock_fd = csi_lock_socket(p.cfg.socket_path);
+	if (lock_fd < 0)
+		goto out_cfg;
+	if (asprintf(&p.topology_key, "%s/node", p.cfg.driver_name) < 0)
+		goto out_lock;
+	ret = csi_store_open(&p.store, p.cfg.root);
+	if (ret) {
+		strata_err("store %s: %s", p.cfg.root,
+			   ret == -EADDRINUSE ? "another strata-csi uses it" :
+						strerror(-ret));
+		ret = 1;
+		goto out_topo;
+	}
+	/* before grpc_init: gRPC's threads must inherit the blocked mask */
+	sigemptyset(&stop);
+	sigaddset(&stop, SIGTERM);
+	sigaddset(&stop, SIGINT);
+	pthread_sigmask(SIG_BLOCK, &stop, NULL);
+	/* a client that hangs up must not kill the plugin */
+	signal(SIGPIPE, SIG_IGN);
+	grpc_init();
+	ret = csi_watch_start(&p);
+	if (ret) {
+		strata_err("cannot start the watcher: %s", strerror(-ret));
+		ret = 1;
+		goto out_grpc;
+	}
+	ret = csi_server_run(&p, &stop) ? 1 : 0;
+	csi_watch_stop(&p);
+	unlink(p.cfg.socket_path);
+out_grpc:
+	grpc_shutdown_blocking();
+	csi_store_close(&p.store);
+out_topo:
+	free(p.topology_key);
+out_lock:
+	close(lock_fd);
+out_cfg:
+	csi_config_free(&p.cfg);
+	return ret;
+}
