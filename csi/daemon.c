@@ -235,11 +235,34 @@ out:
 	return ret;
 }
 
-static int csi_pidfd_wait(int pidfd, int timeout_ms)
+/*
+ * Waits for the daemon to exit: on its pidfd, or where there is none
+ * (valgrind, seccomp) by watching its start time; -1 waits for ever.
+ */
+static int csi_daemon_wait(const struct csi_node_vol *n, int pidfd,
+			   int timeout_ms)
 {
 	struct pollfd pfd = { .fd = pidfd, .events = POLLIN };
+	int64_t deadline = csi_now_ms() + timeout_ms;
 
-	return poll(&pfd, 1, timeout_ms) == 1 ? 0 : -ETIMEDOUT;
+	if (pidfd >= 0)
+		return poll(&pfd, 1, timeout_ms) == 1 ? 0 : -ETIMEDOUT;
+	while (csi_daemon_alive(n)) {
+		if (timeout_ms >= 0 && csi_now_ms() > deadline)
+			return -ETIMEDOUT;
+		/* our own child stays a zombie, and so alive, until reaped */
+		waitpid(n->pid, NULL, WNOHANG);
+		poll(NULL, 0, 10);
+	}
+	return 0;
+}
+
+static void csi_daemon_signal(const struct csi_node_vol *n, int pidfd, int sig)
+{
+	if (pidfd >= 0)
+		syscall(SYS_pidfd_send_signal, pidfd, sig, NULL, 0);
+	else if (csi_daemon_alive(n))
+		kill(n->pid, sig);
 }
 
 /*
@@ -248,35 +271,32 @@ static int csi_pidfd_wait(int pidfd, int timeout_ms)
  */
 int csi_daemon_stop(struct csi_plugin *p, struct csi_node_vol *n)
 {
-	int pidfd = -1, ret = 0;
+	int pidfd = -1, ret;
 
 	if (!csi_mount_find(n->staging, NULL, 0, NULL, 0)) {
 		ret = csi_mount_umount(n->staging);
 		if (ret && ret != -EINVAL)
 			return ret;
 	}
-	if (csi_daemon_alive(n))
-		pidfd = syscall(SYS_pidfd_open, n->pid, 0);
-	if (pidfd >= 0) {
-		/* recheck: the pid may have been reused before the open */
-		if (!csi_daemon_alive(n)) {
-			close(pidfd);
-			pidfd = -1;
+	if (!csi_daemon_alive(n))
+		goto out_reap;
+	pidfd = syscall(SYS_pidfd_open, n->pid, 0);
+	/* recheck: the pid may have been reused before the open */
+	if (pidfd >= 0 && !csi_daemon_alive(n))
+		goto out_close;
+	if (csi_daemon_wait(n, pidfd, CSI_STOP_TIMEOUT_MS)) {
+		strata_warn("volume %s: stratafs %d still runs after the unmount: SIGTERM",
+			    n->id, (int)n->pid);
+		csi_daemon_signal(n, pidfd, SIGTERM);
+		if (csi_daemon_wait(n, pidfd, CSI_STOP_TIMEOUT_MS)) {
+			csi_daemon_signal(n, pidfd, SIGKILL);
+			csi_daemon_wait(n, pidfd, -1);
 		}
 	}
-	if (pidfd >= 0) {
-		if (csi_pidfd_wait(pidfd, CSI_STOP_TIMEOUT_MS)) {
-			strata_warn("volume %s: stratafs %d still runs after the unmount: SIGTERM",
-				    n->id, (int)n->pid);
-			syscall(SYS_pidfd_send_signal, pidfd, SIGTERM, NULL, 0);
-			if (csi_pidfd_wait(pidfd, CSI_STOP_TIMEOUT_MS)) {
-				syscall(SYS_pidfd_send_signal, pidfd, SIGKILL,
-					NULL, 0);
-				csi_pidfd_wait(pidfd, -1);
-			}
-		}
+out_close:
+	if (pidfd >= 0)
 		close(pidfd);
-	}
+out_reap:
 	/* our own child is reaped here; an adopted one by its parent */
 	waitpid(n->pid, NULL, WNOHANG);
 	return 0;
