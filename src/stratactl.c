@@ -1,0 +1,1857 @@
+/*
+ * stratactl: the command line client of a CSI plugin's socket.
+ *
+ *   stratactl [--endpoint EP] [--json] [--timeout SECONDS] COMMAND [ARGS]
+ *
+ * One subcommand per RPC the plugin serves, looked up in ctl_cmds[]. Every
+ * command parses its arguments into one struct ctl_args (the options are
+ * shared: --access-mode means the same thing wherever it is taken), builds
+ * its request, makes one call (list-volumes --all makes several) and prints
+ * the reply: readable lines by default, one JSON object with --json.
+ *
+ * The JSON is not written per command: ctl_json_message() walks the
+ * protobuf-c descriptors, so field names are the proto's, enums are named,
+ * maps become objects, and a field called "secrets" is never printed. The
+ * readable output is per command, because a person wants a line, not a tree.
+ *
+ * Exit codes: 0 done, 1 an error status (the plugin's, or gRPC's own when
+ * nobody answers: UNAVAILABLE, DEADLINE_EXCEEDED) or a negative answer
+ * (probe: not ready; validate: not confirmed), 2 a usage error.
+ *
+ * Requests carry `secrets` only when given --secret; requests are never
+ * printed, and neither are the secrets of a reply.
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <json-c/json.h>
+
+#include "csi.h"
+
+#define CTL_PROG "stratactl"
+#define CTL_DEFAULT_TIMEOUT_MS 30000
+/* a day: longer is a typo, and the milliseconds must fit an int */
+#define CTL_MAX_TIMEOUT_S 86400.0
+/* list-volumes --all: a plugin whose tokens never end is broken */
+#define CTL_MAX_PAGES 100000
+
+enum ctl_exit {
+	CTL_EXIT_OK = 0,
+	CTL_EXIT_FAIL = 1,
+	CTL_EXIT_USAGE = 2,
+};
+
+/* Option ids: getopt_long's val; the long options have no short form. */
+enum ctl_opt {
+	CTL_OPT_END = 0,
+	CTL_OPT_HELP = 'h',
+	CTL_OPT_ENDPOINT = 256,
+	CTL_OPT_JSON,
+	CTL_OPT_TIMEOUT,
+	CTL_OPT_VERSION,
+	CTL_OPT_LAYERS,
+	CTL_OPT_CAPACITY,
+	CTL_OPT_LIMIT,
+	CTL_OPT_PARAM,
+	CTL_OPT_ACCESS_MODE,
+	CTL_OPT_BLOCK,
+	CTL_OPT_SECRET,
+	CTL_OPT_MAX_ENTRIES,
+	CTL_OPT_STARTING_TOKEN,
+	CTL_OPT_ALL,
+	CTL_OPT_STAGING_PATH,
+	CTL_OPT_TARGET,
+	CTL_OPT_PATH,
+	CTL_OPT_READONLY,
+	CTL_OPT_MOUNT_FLAG,
+	CTL_OPT_MOUNT_GROUP,
+	CTL_OPT_FS_TYPE,
+	CTL_OPT_CONTEXT,
+};
+
+static const struct option ctl_options[] = {
+	{ "help", no_argument, NULL, CTL_OPT_HELP },
+	{ "endpoint", required_argument, NULL, CTL_OPT_ENDPOINT },
+	{ "json", no_argument, NULL, CTL_OPT_JSON },
+	{ "timeout", required_argument, NULL, CTL_OPT_TIMEOUT },
+	{ "version", no_argument, NULL, CTL_OPT_VERSION },
+	{ "layers", required_argument, NULL, CTL_OPT_LAYERS },
+	{ "capacity", required_argument, NULL, CTL_OPT_CAPACITY },
+	{ "limit", required_argument, NULL, CTL_OPT_LIMIT },
+	{ "param", required_argument, NULL, CTL_OPT_PARAM },
+	{ "access-mode", required_argument, NULL, CTL_OPT_ACCESS_MODE },
+	{ "block", no_argument, NULL, CTL_OPT_BLOCK },
+	{ "secret", required_argument, NULL, CTL_OPT_SECRET },
+	{ "max-entries", required_argument, NULL, CTL_OPT_MAX_ENTRIES },
+	{ "starting-token", required_argument, NULL, CTL_OPT_STARTING_TOKEN },
+	{ "all", no_argument, NULL, CTL_OPT_ALL },
+	{ "staging-path", required_argument, NULL, CTL_OPT_STAGING_PATH },
+	{ "target", required_argument, NULL, CTL_OPT_TARGET },
+	{ "path", required_argument, NULL, CTL_OPT_PATH },
+	{ "readonly", no_argument, NULL, CTL_OPT_READONLY },
+	{ "mount-flag", required_argument, NULL, CTL_OPT_MOUNT_FLAG },
+	{ "mount-group", required_argument, NULL, CTL_OPT_MOUNT_GROUP },
+	{ "fs-type", required_argument, NULL, CTL_OPT_FS_TYPE },
+	{ "context", required_argument, NULL, CTL_OPT_CONTEXT },
+	{ NULL, 0, NULL, 0 },
+};
+#define CTL_NOPTIONS (sizeof(ctl_options) / sizeof(*ctl_options))
+
+/* Taken by every command, after its name too: `stratactl info --json`. */
+static const int ctl_common_opts[] = {
+	CTL_OPT_HELP, CTL_OPT_ENDPOINT, CTL_OPT_JSON, CTL_OPT_TIMEOUT,
+	CTL_OPT_END,
+};
+
+struct ctl_kv {
+	const char *key;
+	const char *value;
+};
+
+struct ctl_kvs {
+	int n;
+	struct ctl_kv *v;
+};
+
+struct ctl_strv {
+	int n;
+	const char **v;
+};
+
+/* Everything any command takes; each command reads its own part. */
+struct ctl_args {
+	int npos;
+	char **pos;
+	const char *layers;
+	int64_t capacity;	/* -1: not given */
+	int64_t limit;		/* -1: not given */
+	struct ctl_kvs params;
+	int access_mode;	/* 0: not given (SINGLE_NODE_WRITER) */
+	bool block;
+	struct ctl_kvs secrets;
+	int32_t max_entries;
+	const char *starting_token;
+	bool all;
+	const char *staging;
+	const char *target;
+	const char *path;
+	bool readonly;
+	struct ctl_strv mount_flags;
+	const char *mount_group;
+	const char *fs_type;
+	struct ctl_kvs context;
+};
+
+struct ctl;
+
+struct ctl_cmd {
+	const char *name;
+	int (*run)(struct ctl *ctl);
+	const char *synopsis;	/* what follows the name */
+	const char *summary;
+	const char *options;	/* the option lines of `COMMAND --help` */
+	const int *opts;	/* the options it takes besides the common ones */
+	const int *need;	/* those of them it cannot do without */
+	int min_pos, max_pos;	/* positional arguments */
+};
+
+struct ctl {
+	const char *endpoint;
+	bool json;
+	int timeout_ms;
+	const struct ctl_cmd *cmd;
+	struct csi_client *client;
+	struct ctl_args a;
+	/* Request parts live until exit; freed together. */
+	void **pool;
+	size_t npool, pool_size;
+};
+
+/* ---- small helpers ---------------------------------------------------- */
+
+static void ctl_oom(void)
+{
+	fprintf(stderr, CTL_PROG ": out of memory\n");
+	exit(CTL_EXIT_FAIL);
+}
+
+/* Zeroed memory freed by ctl_pool_free(): a request is built, sent, gone. */
+static void *ctl_alloc(struct ctl *ctl, size_t size)
+{
+	void *p;
+
+	if (ctl->npool == ctl->pool_size) {
+		size_t n = ctl->pool_size ? 2 * ctl->pool_size : 32;
+		void **np = realloc(ctl->pool, n * sizeof(*np));
+
+		if (!np)
+			ctl_oom();
+		ctl->pool = np;
+		ctl->pool_size = n;
+	}
+	p = calloc(1, size ? size : 1);
+	if (!p)
+		ctl_oom();
+	ctl->pool[ctl->npool++] = p;
+	return p;
+}
+
+static char *ctl_strdup(struct ctl *ctl, const char *s)
+{
+	size_t len = strlen(s) + 1;
+
+	return memcpy(ctl_alloc(ctl, len), s, len);
+}
+
+static void ctl_pool_free(struct ctl *ctl)
+{
+	for (size_t i = 0; i < ctl->npool; i++)
+		free(ctl->pool[i]);
+	free(ctl->pool);
+	ctl->pool = NULL;
+	ctl->npool = ctl->pool_size = 0;
+}
+
+static int ctl_usage_error(struct ctl *ctl, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+
+static int ctl_usage_error(struct ctl *ctl, const char *fmt, ...)
+{
+	va_list ap;
+
+	fprintf(stderr, CTL_PROG ": ");
+	if (ctl->cmd)
+		fprintf(stderr, "%s: ", ctl->cmd->name);
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	if (ctl->cmd)
+		fprintf(stderr, "\nTry '" CTL_PROG " %s --help'.\n",
+			ctl->cmd->name);
+	else
+		fprintf(stderr, "\nTry '" CTL_PROG " --help'.\n");
+	return CTL_EXIT_USAGE;
+}
+
+/*
+ * Sizes as Kubernetes writes quantities: plain bytes, K/M/G/T for powers
+ * of 1000, Ki/Mi/Gi/Ti for powers of 1024; a trailing B is allowed
+ * ("1GiB", "512MB"). The result must fit the proto's int64.
+ */
+static int ctl_parse_size(const char *s, int64_t *out)
+{
+	static const char units[] = "KMGT";
+	unsigned long long v, mult = 1;
+	const char *u;
+	char *end;
+
+	if (!isdigit((unsigned char)s[0]))
+		return -EINVAL;
+	errno = 0;
+	v = strtoull(s, &end, 10);
+	if (errno)
+		return -ERANGE;
+	if (*end && *end != 'B' && *end != 'b') {
+		u = strchr(units, toupper((unsigned char)*end));
+		if (!u || !*u)
+			return -EINVAL;
+		end++;
+		if (*end == 'i') {
+			mult = 1ULL << (10 * (u - units + 1));
+			end++;
+		} else {
+			for (int i = 0; i <= u - units; i++)
+				mult *= 1000;
+		}
+	}
+	if (*end == 'B' || *end == 'b')
+		end++;
+	if (*end)
+		return -EINVAL;
+	if (v > (unsigned long long)INT64_MAX / mult)
+		return -ERANGE;
+	*out = (int64_t)(v * mult);
+	return 0;
+}
+
+/* "single-node-writer" or "SINGLE_NODE_WRITER"; never UNKNOWN. */
+static int ctl_parse_access_mode(const char *s)
+{
+	const ProtobufCEnumValue *ev;
+	char name[64];
+	size_t i;
+
+	for (i = 0; s[i] && i < sizeof(name) - 1; i++)
+		name[i] = s[i] == '-' ? '_' : toupper((unsigned char)s[i]);
+	if (s[i])
+		return -EINVAL;
+	name[i] = '\0';
+	ev = protobuf_c_enum_descriptor_get_value_by_name(
+		&csi__v1__volume_capability__access_mode__mode__descriptor,
+		name);
+	if (!ev || ev->value == 0)
+		return -EINVAL;
+	return ev->value;
+}
+
+static void ctl_kvs_put(struct ctl *ctl, struct ctl_kvs *kvs, const char *key,
+			const char *value)
+{
+	struct ctl_kv *nv = ctl_alloc(ctl, (kvs->n + 1) * sizeof(*nv));
+
+	if (kvs->n)
+		memcpy(nv, kvs->v, kvs->n * sizeof(*nv));
+	nv[kvs->n].key = key;
+	nv[kvs->n].value = value;
+	kvs->v = nv;
+	kvs->n++;
+}
+
+/* "KEY=VALUE", split at the first '=': values may hold more of them. */
+static int ctl_kvs_add(struct ctl *ctl, struct ctl_kvs *kvs, const char *arg,
+		       const char *opt)
+{
+	char *copy, *eq;
+
+	eq = strchr(arg, '=');
+	if (!eq || eq == arg)
+		return ctl_usage_error(ctl, "--%s takes KEY=VALUE, not '%s'",
+				       opt, arg);
+	copy = ctl_strdup(ctl, arg);
+	copy[eq - arg] = '\0';
+	ctl_kvs_put(ctl, kvs, copy, copy + (eq - arg) + 1);
+	return 0;
+}
+
+static bool ctl_kvs_has(const struct ctl_kvs *kvs, const char *key)
+{
+	for (int i = 0; i < kvs->n; i++)
+		if (strcmp(kvs->v[i].key, key) == 0)
+			return true;
+	return false;
+}
+
+static void ctl_strv_add(struct ctl *ctl, struct ctl_strv *sv, const char *s)
+{
+	const char **nv = ctl_alloc(ctl, (sv->n + 1) * sizeof(*nv));
+
+	if (sv->n)
+		memcpy(nv, sv->v, sv->n * sizeof(*nv));
+	nv[sv->n++] = s;
+	sv->v = nv;
+}
+
+static const char *ctl_enum_name(const ProtobufCEnumDescriptor *d, int value)
+{
+	const ProtobufCEnumValue *ev = protobuf_c_enum_descriptor_get_value(d, value);
+
+	return ev ? ev->name : "UNKNOWN";
+}
+
+/* ---- requests --------------------------------------------------------- */
+
+/*
+ * Fills the map field `field` of `m` from `kvs`. protoc-c gives every
+ * map<string,string> entry the layout of struct csi_map_entry, so one
+ * function serves every map of every request.
+ */
+static void ctl_map_set(struct ctl *ctl, ProtobufCMessage *m,
+			const char *field, const struct ctl_kvs *kvs)
+{
+	const ProtobufCFieldDescriptor *f;
+	const ProtobufCMessageDescriptor *ed;
+	struct csi_map_entry *e;
+	void **ptrs;
+
+	if (!kvs->n)
+		return;
+	f = protobuf_c_message_descriptor_get_field_by_name(m->descriptor,
+							    field);
+	if (!f || f->label != PROTOBUF_C_LABEL_REPEATED ||
+	    f->type != PROTOBUF_C_TYPE_MESSAGE)
+		abort(); /* a typo in a field name here: a bug, not input */
+	ed = f->descriptor;
+	if (ed->sizeof_message != sizeof(struct csi_map_entry))
+		abort();
+	e = ctl_alloc(ctl, kvs->n * sizeof(*e));
+	ptrs = ctl_alloc(ctl, kvs->n * sizeof(*ptrs));
+	for (int i = 0; i < kvs->n; i++) {
+		protobuf_c_message_init(ed, &e[i]);
+		e[i].key = (char *)kvs->v[i].key;
+		e[i].value = (char *)kvs->v[i].value;
+		ptrs[i] = &e[i];
+	}
+	*(size_t *)((char *)m + f->quantifier_offset) = kvs->n;
+	*(void ***)((char *)m + f->offset) = ptrs;
+}
+
+/* The one capability a request carries: mount (or block) plus the mode. */
+static Csi__V1__VolumeCapability *ctl_capability(struct ctl *ctl)
+{
+	const struct ctl_args *a = &ctl->a;
+	Csi__V1__VolumeCapability *cap;
+	Csi__V1__VolumeCapability__AccessMode *mode;
+
+	cap = ctl_alloc(ctl, sizeof(*cap));
+	csi__v1__volume_capability__init(cap);
+	mode = ctl_alloc(ctl, sizeof(*mode));
+	csi__v1__volume_capability__access_mode__init(mode);
+	mode->mode = a->access_mode ? a->access_mode :
+		CSI__V1__VOLUME_CAPABILITY__ACCESS_MODE__MODE__SINGLE_NODE_WRITER;
+	cap->access_mode = mode;
+	if (a->block) {
+		Csi__V1__VolumeCapability__BlockVolume *b;
+
+		b = ctl_alloc(ctl, sizeof(*b));
+		csi__v1__volume_capability__block_volume__init(b);
+		cap->access_type_case = CSI__V1__VOLUME_CAPABILITY__ACCESS_TYPE_BLOCK;
+		cap->block = b;
+	} else {
+		Csi__V1__VolumeCapability__MountVolume *mv;
+
+		mv = ctl_alloc(ctl, sizeof(*mv));
+		csi__v1__volume_capability__mount_volume__init(mv);
+		if (a->fs_type)
+			mv->fs_type = (char *)a->fs_type;
+		if (a->mount_group)
+			mv->volume_mount_group = (char *)a->mount_group;
+		mv->n_mount_flags = a->mount_flags.n;
+		mv->mount_flags = (char **)a->mount_flags.v;
+		cap->access_type_case = CSI__V1__VOLUME_CAPABILITY__ACCESS_TYPE_MOUNT;
+		cap->mount = mv;
+	}
+	return cap;
+}
+
+/* A repeated capability field with the one capability in it. */
+static Csi__V1__VolumeCapability **ctl_capabilities(struct ctl *ctl)
+{
+	Csi__V1__VolumeCapability **caps = ctl_alloc(ctl, sizeof(*caps));
+
+	caps[0] = ctl_capability(ctl);
+	return caps;
+}
+
+/* ---- the call --------------------------------------------------------- */
+
+/*
+ * One call; prints the error itself. Returns CTL_EXIT_OK with *out set,
+ * or the exit code to leave with.
+ */
+static int ctl_call(struct ctl *ctl, const char *method,
+		    const ProtobufCMessage *req,
+		    const ProtobufCMessageDescriptor *out_desc,
+		    ProtobufCMessage **out)
+{
+	grpc_status_code code;
+	char *details = NULL;
+	int ret;
+
+	*out = NULL;
+	if (!ctl->client) {
+		ret = csi_client_open(ctl->endpoint, &ctl->client);
+		if (ret < 0) {
+			fprintf(stderr, CTL_PROG ": cannot open %s: %s\n",
+				ctl->endpoint, strerror(-ret));
+			return CTL_EXIT_FAIL;
+		}
+	}
+	ret = csi_client_call(ctl->client, method, req, out_desc, out, &code,
+			      &details, ctl->timeout_ms);
+	if (ret < 0) {
+		fprintf(stderr, CTL_PROG ": %s on %s failed: %s\n", method,
+			ctl->endpoint, strerror(-ret));
+		return CTL_EXIT_FAIL;
+	}
+	if (code != GRPC_STATUS_OK) {
+		fprintf(stderr, CTL_PROG ": %s: %s\n",
+			csi_client_code_name(code),
+			details && *details ? details : "(no message)");
+		if (code == GRPC_STATUS_UNAVAILABLE)
+			fprintf(stderr, CTL_PROG ": is a CSI plugin listening on %s?\n",
+				ctl->endpoint);
+		else if (code == GRPC_STATUS_DEADLINE_EXCEEDED)
+			fprintf(stderr, CTL_PROG ": no reply to %s within %d ms (see --timeout)\n",
+				method, ctl->timeout_ms);
+		free(details);
+		return CTL_EXIT_FAIL;
+	}
+	free(details);
+	return CTL_EXIT_OK;
+}
+
+/* ---- JSON, from the descriptors --------------------------------------- */
+
+static json_object *ctl_json_message(const ProtobufCMessage *m);
+
+static size_t ctl_field_size(const ProtobufCFieldDescriptor *f)
+{
+	switch (f->type) {
+	case PROTOBUF_C_TYPE_INT32:
+	case PROTOBUF_C_TYPE_SINT32:
+	case PROTOBUF_C_TYPE_SFIXED32:
+	case PROTOBUF_C_TYPE_UINT32:
+	case PROTOBUF_C_TYPE_FIXED32:
+	case PROTOBUF_C_TYPE_FLOAT:
+	case PROTOBUF_C_TYPE_ENUM:
+		return 4;
+	case PROTOBUF_C_TYPE_INT64:
+	case PROTOBUF_C_TYPE_SINT64:
+	case PROTOBUF_C_TYPE_SFIXED64:
+	case PROTOBUF_C_TYPE_UINT64:
+	case PROTOBUF_C_TYPE_FIXED64:
+	case PROTOBUF_C_TYPE_DOUBLE:
+		return 8;
+	case PROTOBUF_C_TYPE_BOOL:
+		return sizeof(protobuf_c_boolean);
+	case PROTOBUF_C_TYPE_STRING:
+	case PROTOBUF_C_TYPE_MESSAGE:
+		return sizeof(void *);
+	case PROTOBUF_C_TYPE_BYTES:
+		return sizeof(ProtobufCBinaryData);
+	}
+	return 0;
+}
+
+static json_object *ctl_json_base64(const ProtobufCBinaryData *b)
+{
+	static const char tab[] =
+		"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+	size_t n = 4 * ((b->len + 2) / 3), j = 0;
+	json_object *o;
+	char *s;
+
+	s = malloc(n + 1);
+	if (!s)
+		ctl_oom();
+	for (size_t i = 0; i < b->len; i += 3) {
+		uint32_t v = (uint32_t)b->data[i] << 16;
+
+		if (i + 1 < b->len)
+			v |= (uint32_t)b->data[i + 1] << 8;
+		if (i + 2 < b->len)
+			v |= b->data[i + 2];
+		s[j++] = tab[(v >> 18) & 63];
+		s[j++] = tab[(v >> 12) & 63];
+		s[j++] = i + 1 < b->len ? tab[(v >> 6) & 63] : '=';
+		s[j++] = i + 2 < b->len ? tab[v & 63] : '=';
+	}
+	s[j] = '\0';
+	o = json_object_new_string(s);
+	free(s);
+	return o;
+}
+
+/* google.protobuf.Timestamp as RFC 3339, as proto3's JSON mapping has it. */
+static json_object *ctl_json_timestamp(const ProtobufCMessage *m)
+{
+	const ProtobufCMessageDescriptor *d = m->descriptor;
+	const ProtobufCFieldDescriptor *fs, *fn;
+	char buf[64];
+	struct tm tm;
+	time_t secs;
+	int32_t nanos;
+	size_t n;
+
+	fs = protobuf_c_message_descriptor_get_field_by_name(d, "seconds");
+	fn = protobuf_c_message_descriptor_get_field_by_name(d, "nanos");
+	if (!fs || !fn)
+		return ctl_json_message(m);
+	secs = (time_t)*(const int64_t *)((const char *)m + fs->offset);
+	nanos = *(const int32_t *)((const char *)m + fn->offset);
+	if (!gmtime_r(&secs, &tm))
+		return json_object_new_int64((int64_t)secs);
+	n = strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%S", &tm);
+	if (nanos > 0 && nanos < 1000000000)
+		n += snprintf(buf + n, sizeof(buf) - n, ".%09d", nanos);
+	snprintf(buf + n, sizeof(buf) - n, "Z");
+	return json_object_new_string(buf);
+}
+
+/* One value of field f stored at p. */
+static json_object *ctl_json_value(const ProtobufCFieldDescriptor *f,
+				   const void *p)
+{
+	switch (f->type) {
+	case PROTOBUF_C_TYPE_INT32:
+	case PROTOBUF_C_TYPE_SINT32:
+	case PROTOBUF_C_TYPE_SFIXED32:
+		return json_object_new_int(*(const int32_t *)p);
+	case PROTOBUF_C_TYPE_UINT32:
+	case PROTOBUF_C_TYPE_FIXED32:
+		return json_object_new_int64(*(const uint32_t *)p);
+	case PROTOBUF_C_TYPE_INT64:
+	case PROTOBUF_C_TYPE_SINT64:
+	case PROTOBUF_C_TYPE_SFIXED64:
+		return json_object_new_int64(*(const int64_t *)p);
+	case PROTOBUF_C_TYPE_UINT64:
+	case PROTOBUF_C_TYPE_FIXED64:
+		return json_object_new_uint64(*(const uint64_t *)p);
+	case PROTOBUF_C_TYPE_FLOAT:
+		return json_object_new_double(*(const float *)p);
+	case PROTOBUF_C_TYPE_DOUBLE:
+		return json_object_new_double(*(const double *)p);
+	case PROTOBUF_C_TYPE_BOOL:
+		return json_object_new_boolean(*(const protobuf_c_boolean *)p);
+	case PROTOBUF_C_TYPE_ENUM: {
+		const ProtobufCEnumValue *ev = protobuf_c_enum_descriptor_get_value(
+			f->descriptor, *(const int *)p);
+
+		return ev ? json_object_new_string(ev->name) :
+			    json_object_new_int(*(const int *)p);
+	}
+	case PROTOBUF_C_TYPE_STRING: {
+		const char *s = *(char *const *)p;
+
+		return json_object_new_string(s ? s : "");
+	}
+	case PROTOBUF_C_TYPE_BYTES:
+		return ctl_json_base64(p);
+	case PROTOBUF_C_TYPE_MESSAGE: {
+		const ProtobufCMessage *sub = *(ProtobufCMessage *const *)p;
+		const ProtobufCMessageDescriptor *d;
+
+		if (!sub)
+			return NULL;
+		d = sub->descriptor;
+		/* Wrappers print as the value they wrap, as proto3 JSON does. */
+		if (strncmp(d->name, "google.protobuf.", 16) == 0) {
+			if (strcmp(d->name, "google.protobuf.Timestamp") == 0)
+				return ctl_json_timestamp(sub);
+			if (d->n_fields == 1 &&
+			    strcmp(d->fields[0].name, "value") == 0)
+				return ctl_json_value(&d->fields[0],
+						      (const char *)sub +
+							      d->fields[0].offset);
+		}
+		return ctl_json_message(sub);
+	}
+	}
+	return NULL;
+}
+
+/* protoc-c marks no map entries as such: a repeated "...Entry{key,value}" */
+static bool ctl_field_is_map(const ProtobufCFieldDescriptor *f)
+{
+	const ProtobufCMessageDescriptor *d = f->descriptor;
+	size_t len;
+
+	if (f->label != PROTOBUF_C_LABEL_REPEATED ||
+	    f->type != PROTOBUF_C_TYPE_MESSAGE || d->n_fields != 2)
+		return false;
+	len = strlen(d->name);
+	return len > 5 && strcmp(d->name + len - 5, "Entry") == 0 &&
+	       strcmp(d->fields[0].name, "key") == 0 &&
+	       strcmp(d->fields[1].name, "value") == 0;
+}
+
+static json_object *ctl_json_message(const ProtobufCMessage *m)
+{
+	const ProtobufCMessageDescriptor *d = m->descriptor;
+	json_object *obj = json_object_new_object();
+
+	for (unsigned i = 0; i < d->n_fields; i++) {
+		const ProtobufCFieldDescriptor *f = &d->fields[i];
+		const char *base = (const char *)m;
+		const void *p = base + f->offset;
+		json_object *v = NULL;
+
+		/* Never printed, whatever a reply carries. */
+		if (strcmp(f->name, "secrets") == 0)
+			continue;
+		if (f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) {
+			if (*(const uint32_t *)(base + f->quantifier_offset) !=
+			    f->id)
+				continue;
+		} else if (f->label == PROTOBUF_C_LABEL_OPTIONAL &&
+			   f->type != PROTOBUF_C_TYPE_MESSAGE &&
+			   f->type != PROTOBUF_C_TYPE_STRING) {
+			if (!*(const protobuf_c_boolean *)(base +
+							   f->quantifier_offset))
+				continue;
+		}
+
+		if (f->label == PROTOBUF_C_LABEL_REPEATED) {
+			size_t n = *(const size_t *)(base + f->quantifier_offset);
+			const char *arr = *(char *const *)p;
+			size_t size = ctl_field_size(f);
+			bool map = ctl_field_is_map(f);
+
+			v = map ? json_object_new_object() :
+				  json_object_new_array();
+			for (size_t j = 0; j < n; j++) {
+				const void *ep = arr + j * size;
+
+				if (map) {
+					const ProtobufCMessage *e =
+						*(ProtobufCMessage *const *)ep;
+					const ProtobufCMessageDescriptor *ed =
+						f->descriptor;
+					const char *key = *(char *const *)(
+						(const char *)e + ed->fields[0].offset);
+
+					json_object_object_add(
+						v, key ? key : "",
+						ctl_json_value(&ed->fields[1],
+							       (const char *)e +
+								       ed->fields[1].offset));
+				} else {
+					json_object_array_add(
+						v, ctl_json_value(f, ep));
+				}
+			}
+		} else {
+			v = ctl_json_value(f, p);
+			if (!v) /* an absent message */
+				continue;
+		}
+		json_object_object_add(obj, f->name, v);
+	}
+	return obj;
+}
+
+static void ctl_print_json(json_object *obj)
+{
+	puts(json_object_to_json_string_ext(
+		obj, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE));
+}
+
+static void ctl_print_reply_json(const ProtobufCMessage *m)
+{
+	json_object *obj = ctl_json_message(m);
+
+	ctl_print_json(obj);
+	json_object_put(obj);
+}
+
+/* ---- readable output -------------------------------------------------- */
+
+static void ctl_print_map(const char *sep, size_t n, void *const *entries)
+{
+	for (size_t i = 0; i < n; i++) {
+		const struct csi_map_entry *e = entries[i];
+
+		printf("%s%s=%s", sep, e->key, e->value);
+	}
+}
+
+/* "volume sv-... capacity 1073741824 layers a,b": one line per volume */
+static void ctl_print_volume(const Csi__V1__Volume *v)
+{
+	if (!v) {
+		printf("volume (none)");
+		return;
+	}
+	printf("volume %s capacity %" PRId64, v->volume_id, v->capacity_bytes);
+	for (size_t i = 0; i < v->n_volume_context; i++)
+		printf(" %s %s", v->volume_context[i]->key,
+		       v->volume_context[i]->value);
+	if (v->content_source) {
+		const Csi__V1__VolumeContentSource *cs = v->content_source;
+
+		if (cs->type_case == CSI__V1__VOLUME_CONTENT_SOURCE__TYPE_SNAPSHOT &&
+		    cs->snapshot)
+			printf(" source snapshot %s", cs->snapshot->snapshot_id);
+		else if (cs->type_case == CSI__V1__VOLUME_CONTENT_SOURCE__TYPE_VOLUME &&
+			 cs->volume)
+			printf(" source volume %s", cs->volume->volume_id);
+	}
+	for (size_t i = 0; i < v->n_accessible_topology; i++)
+		ctl_print_map(" topology ",
+			      v->accessible_topology[i]->n_segments,
+			      (void *const *)v->accessible_topology[i]->segments);
+}
+
+static void ctl_print_condition(const Csi__V1__VolumeCondition *c)
+{
+	if (!c)
+		return;
+	if (c->abnormal)
+		printf("condition abnormal: %s\n", c->message);
+	else if (*c->message)
+		printf("condition normal: %s\n", c->message);
+	else
+		printf("condition normal\n");
+}
+
+/* ---- commands --------------------------------------------------------- */
+
+typedef void (*ctl_text_fn)(struct ctl *ctl, const ProtobufCMessage *reply);
+
+/* One call, its reply printed: as JSON, or by `text` as readable lines. */
+static int ctl_run(struct ctl *ctl, const char *method,
+		   const ProtobufCMessage *req,
+		   const ProtobufCMessageDescriptor *out_desc, ctl_text_fn text)
+{
+	ProtobufCMessage *out;
+	int ret;
+
+	ret = ctl_call(ctl, method, req, out_desc, &out);
+	if (ret)
+		return ret;
+	if (ctl->json)
+		ctl_print_reply_json(out);
+	else
+		text(ctl, out);
+	protobuf_c_message_free_unpacked(out, NULL);
+	return CTL_EXIT_OK;
+}
+
+static void ctl_text_info(struct ctl *ctl, const ProtobufCMessage *reply)
+{
+	const Csi__V1__GetPluginInfoResponse *r =
+		(const Csi__V1__GetPluginInfoResponse *)reply;
+
+	printf("name %s\n", r->name);
+	printf("vendor_version %s\n", r->vendor_version);
+	for (size_t i = 0; i < r->n_manifest; i++)
+		printf("manifest %s=%s\n", r->manifest[i]->key,
+		       r->manifest[i]->value);
+}
+
+static int ctl_info(struct ctl *ctl)
+{
+	Csi__V1__GetPluginInfoRequest req = CSI__V1__GET_PLUGIN_INFO_REQUEST__INIT;
+
+	return ctl_run(ctl, "/csi.v1.Identity/GetPluginInfo", &req.base,
+		       &csi__v1__get_plugin_info_response__descriptor,
+		       ctl_text_info);
+}
+
+static void ctl_text_plugin_caps(struct ctl *ctl, const ProtobufCMessage *reply)
+{
+	const Csi__V1__GetPluginCapabilitiesResponse *r =
+		(const Csi__V1__GetPluginCapabilitiesResponse *)reply;
+
+	for (size_t i = 0; i < r->n_capabilities; i++) {
+		const Csi__V1__PluginCapability *c = r->capabilities[i];
+
+		if (c->type_case == CSI__V1__PLUGIN_CAPABILITY__TYPE_SERVICE &&
+		    c->service)
+			printf("%s\n", ctl_enum_name(
+				&csi__v1__plugin_capability__service__type__descriptor,
+				c->service->type));
+		else if (c->type_case == CSI__V1__PLUGIN_CAPABILITY__TYPE_VOLUME_EXPANSION &&
+			 c->volume_expansion)
+			printf("VOLUME_EXPANSION_%s\n", ctl_enum_name(
+				&csi__v1__plugin_capability__volume_expansion__type__descriptor,
+				c->volume_expansion->type));
+		else
+			printf("UNKNOWN\n");
+	}
+}
+
+static int ctl_plugin_caps(struct ctl *ctl)
+{
+	Csi__V1__GetPluginCapabilitiesRequest req =
+		CSI__V1__GET_PLUGIN_CAPABILITIES_REQUEST__INIT;
+
+	return ctl_run(ctl, "/csi.v1.Identity/GetPluginCapabilities", &req.base,
+		       &csi__v1__get_plugin_capabilities_response__descriptor,
+		       ctl_text_plugin_caps);
+}
+
+static int ctl_probe(struct ctl *ctl)
+{
+	Csi__V1__ProbeRequest req = CSI__V1__PROBE_REQUEST__INIT;
+	Csi__V1__ProbeResponse *r;
+	ProtobufCMessage *out;
+	bool ready;
+	int ret;
+
+	ret = ctl_call(ctl, "/csi.v1.Identity/Probe", &req.base,
+		       &csi__v1__probe_response__descriptor, &out);
+	if (ret)
+		return ret;
+	r = (Csi__V1__ProbeResponse *)out;
+	/* The spec: an absent `ready` means ready. */
+	ready = !r->ready || r->ready->value;
+	if (ctl->json)
+		ctl_print_reply_json(out);
+	else
+		printf("%s\n", ready ? "ready" : "not ready");
+	protobuf_c_message_free_unpacked(out, NULL);
+	return ready ? CTL_EXIT_OK : CTL_EXIT_FAIL;
+}
+
+static void ctl_text_create_volume(struct ctl *ctl, const ProtobufCMessage *reply)
+{
+	const Csi__V1__CreateVolumeResponse *r =
+		(const Csi__V1__CreateVolumeResponse *)reply;
+
+	ctl_print_volume(r->volume);
+	printf("\n");
+}
+
+static int ctl_create_volume(struct ctl *ctl)
+{
+	Csi__V1__CreateVolumeRequest req = CSI__V1__CREATE_VOLUME_REQUEST__INIT;
+	Csi__V1__CapacityRange range = CSI__V1__CAPACITY_RANGE__INIT;
+	struct ctl_args *a = &ctl->a;
+
+	req.name = a->pos[0];
+	if (a->capacity >= 0 || a->limit >= 0) {
+		range.required_bytes = a->capacity > 0 ? a->capacity : 0;
+		range.limit_bytes = a->limit > 0 ? a->limit : 0;
+		req.capacity_range = &range;
+	}
+	req.n_volume_capabilities = 1;
+	req.volume_capabilities = ctl_capabilities(ctl);
+	if (a->layers) {
+		if (ctl_kvs_has(&a->params, "layers"))
+			return ctl_usage_error(ctl, "give the layers once: --layers or --param layers=");
+		ctl_kvs_put(ctl, &a->params, "layers", a->layers);
+	}
+	ctl_map_set(ctl, &req.base, "parameters", &a->params);
+	ctl_map_set(ctl, &req.base, "secrets", &a->secrets);
+
+	return ctl_run(ctl, "/csi.v1.Controller/CreateVolume", &req.base,
+		       &csi__v1__create_volume_response__descriptor,
+		       ctl_text_create_volume);
+}
+
+static void ctl_text_delete_volume(struct ctl *ctl, const ProtobufCMessage *reply)
+{
+	printf("deleted %s\n", ctl->a.pos[0]);
+}
+
+static int ctl_delete_volume(struct ctl *ctl)
+{
+	Csi__V1__DeleteVolumeRequest req = CSI__V1__DELETE_VOLUME_REQUEST__INIT;
+
+	req.volume_id = ctl->a.pos[0];
+	ctl_map_set(ctl, &req.base, "secrets", &ctl->a.secrets);
+	return ctl_run(ctl, "/csi.v1.Controller/DeleteVolume", &req.base,
+		       &csi__v1__delete_volume_response__descriptor,
+		       ctl_text_delete_volume);
+}
+
+static void ctl_print_capability(const Csi__V1__VolumeCapability *c)
+{
+	const char *mode = "UNKNOWN";
+
+	if (c->access_mode)
+		mode = ctl_enum_name(
+			&csi__v1__volume_capability__access_mode__mode__descriptor,
+			c->access_mode->mode);
+	if (c->access_type_case == CSI__V1__VOLUME_CAPABILITY__ACCESS_TYPE_BLOCK) {
+		printf(" %s block", mode);
+	} else if (c->access_type_case == CSI__V1__VOLUME_CAPABILITY__ACCESS_TYPE_MOUNT &&
+		   c->mount) {
+		printf(" %s mount", mode);
+		if (*c->mount->fs_type)
+			printf(" fs_type %s", c->mount->fs_type);
+		if (*c->mount->volume_mount_group)
+			printf(" mount_group %s", c->mount->volume_mount_group);
+	} else {
+		printf(" %s", mode);
+	}
+}
+
+static int ctl_validate(struct ctl *ctl)
+{
+	Csi__V1__ValidateVolumeCapabilitiesRequest req =
+		CSI__V1__VALIDATE_VOLUME_CAPABILITIES_REQUEST__INIT;
+	Csi__V1__ValidateVolumeCapabilitiesResponse *r;
+	ProtobufCMessage *out;
+	bool confirmed;
+	int ret;
+
+	req.volume_id = ctl->a.pos[0];
+	req.n_volume_capabilities = 1;
+	req.volume_capabilities = ctl_capabilities(ctl);
+	ctl_map_set(ctl, &req.base, "volume_context", &ctl->a.context);
+	ctl_map_set(ctl, &req.base, "parameters", &ctl->a.params);
+	ctl_map_set(ctl, &req.base, "secrets", &ctl->a.secrets);
+
+	ret = ctl_call(ctl, "/csi.v1.Controller/ValidateVolumeCapabilities",
+		       &req.base,
+		       &csi__v1__validate_volume_capabilities_response__descriptor,
+		       &out);
+	if (ret)
+		return ret;
+	r = (Csi__V1__ValidateVolumeCapabilitiesResponse *)out;
+	confirmed = r->confirmed != NULL;
+	if (ctl->json) {
+		ctl_print_reply_json(out);
+	} else if (confirmed) {
+		printf("confirmed");
+		for (size_t i = 0; i < r->confirmed->n_volume_capabilities; i++)
+			ctl_print_capability(r->confirmed->volume_capabilities[i]);
+		printf("%s%s\n", *r->message ? ": " : "", r->message);
+	} else {
+		printf("not confirmed%s%s\n", *r->message ? ": " : "",
+		       r->message);
+	}
+	protobuf_c_message_free_unpacked(out, NULL);
+	return confirmed ? CTL_EXIT_OK : CTL_EXIT_FAIL;
+}
+
+static void ctl_print_entry(const Csi__V1__ListVolumesResponse__Entry *e)
+{
+	ctl_print_volume(e->volume);
+	if (e->status) {
+		const Csi__V1__ListVolumesResponse__VolumeStatus *st = e->status;
+
+		for (size_t i = 0; i < st->n_published_node_ids; i++)
+			printf("%s%s", i ? "," : " published ",
+			       st->published_node_ids[i]);
+		if (st->volume_condition && st->volume_condition->abnormal)
+			printf(" abnormal: %s", st->volume_condition->message);
+	}
+	printf("\n");
+}
+
+/*
+ * One page, or with --all every page: the readable lines as they come,
+ * the JSON as one object whose entries are all the pages' entries.
+ */
+static int ctl_list_volumes(struct ctl *ctl)
+{
+	Csi__V1__ListVolumesRequest req = CSI__V1__LIST_VOLUMES_REQUEST__INIT;
+	json_object *all_entries = NULL, *merged = NULL;
+	char *token = NULL;
+	int ret = CTL_EXIT_OK;
+
+	req.max_entries = ctl->a.max_entries;
+	if (ctl->a.starting_token)
+		req.starting_token = (char *)ctl->a.starting_token;
+	if (ctl->json && ctl->a.all) {
+		merged = json_object_new_object();
+		all_entries = json_object_new_array();
+		json_object_object_add(merged, "entries", all_entries);
+	}
+
+	for (int page = 0;; page++) {
+		Csi__V1__ListVolumesResponse *r;
+		ProtobufCMessage *out;
+
+		if (page == CTL_MAX_PAGES) {
+			fprintf(stderr, CTL_PROG ": the plugin's next_token never ends after %d pages\n",
+				page);
+			ret = CTL_EXIT_FAIL;
+			break;
+		}
+		ret = ctl_call(ctl, "/csi.v1.Controller/ListVolumes", &req.base,
+			       &csi__v1__list_volumes_response__descriptor,
+			       &out);
+		if (ret)
+			break;
+		r = (Csi__V1__ListVolumesResponse *)out;
+		if (merged) {
+			json_object *o = ctl_json_message(out);
+			json_object *entries = json_object_object_get(o, "entries");
+
+			for (size_t i = 0; i < json_object_array_length(entries); i++)
+				json_object_array_add(all_entries,
+					json_object_get(json_object_array_get_idx(entries, i)));
+			json_object_put(o);
+		} else if (ctl->json) {
+			ctl_print_reply_json(out);
+		} else {
+			for (size_t i = 0; i < r->n_entries; i++)
+				ctl_print_entry(r->entries[i]);
+			if (!ctl->a.all && *r->next_token)
+				printf("next_token %s\n", r->next_token);
+		}
+		if (!ctl->a.all || !*r->next_token) {
+			protobuf_c_message_free_unpacked(out, NULL);
+			break;
+		}
+		/* A token that leads to itself would loop for ever. */
+		if (strcmp(req.starting_token, r->next_token) == 0) {
+			fprintf(stderr, CTL_PROG ": the plugin answered starting_token '%s' with the same next_token\n",
+				r->next_token);
+			protobuf_c_message_free_unpacked(out, NULL);
+			ret = CTL_EXIT_FAIL;
+			break;
+		}
+		free(token);
+		token = strdup(r->next_token);
+		protobuf_c_message_free_unpacked(out, NULL);
+		if (!token)
+			ctl_oom();
+		req.starting_token = token;
+	}
+	if (merged) {
+		if (ret == CTL_EXIT_OK) {
+			json_object_object_add(merged, "next_token",
+					       json_object_new_string(""));
+			ctl_print_json(merged);
+		}
+		json_object_put(merged);
+	}
+	free(token);
+	return ret;
+}
+
+static void ctl_text_capacity(struct ctl *ctl, const ProtobufCMessage *reply)
+{
+	const Csi__V1__GetCapacityResponse *r =
+		(const Csi__V1__GetCapacityResponse *)reply;
+
+	printf("available_capacity %" PRId64 "\n", r->available_capacity);
+	if (r->maximum_volume_size)
+		printf("maximum_volume_size %" PRId64 "\n",
+		       r->maximum_volume_size->value);
+	if (r->minimum_volume_size)
+		printf("minimum_volume_size %" PRId64 "\n",
+		       r->minimum_volume_size->value);
+}
+
+static int ctl_capacity(struct ctl *ctl)
+{
+	Csi__V1__GetCapacityRequest req = CSI__V1__GET_CAPACITY_REQUEST__INIT;
+
+	/* No capability unless asked: then the plugin reports all it has. */
+	if (ctl->a.access_mode || ctl->a.block) {
+		req.n_volume_capabilities = 1;
+		req.volume_capabilities = ctl_capabilities(ctl);
+	}
+	ctl_map_set(ctl, &req.base, "parameters", &ctl->a.params);
+	return ctl_run(ctl, "/csi.v1.Controller/GetCapacity", &req.base,
+		       &csi__v1__get_capacity_response__descriptor,
+		       ctl_text_capacity);
+}
+
+static void ctl_text_controller_caps(struct ctl *ctl, const ProtobufCMessage *reply)
+{
+	const Csi__V1__ControllerGetCapabilitiesResponse *r =
+		(const Csi__V1__ControllerGetCapabilitiesResponse *)reply;
+
+	for (size_t i = 0; i < r->n_capabilities; i++) {
+		const Csi__V1__ControllerServiceCapability *c =
+			r->capabilities[i];
+
+		printf("%s\n",
+		       c->type_case == CSI__V1__CONTROLLER_SERVICE_CAPABILITY__TYPE_RPC &&
+				       c->rpc ?
+			       ctl_enum_name(&csi__v1__controller_service_capability__rpc__type__descriptor,
+					     c->rpc->type) :
+			       "UNKNOWN");
+	}
+}
+
+static int ctl_controller_caps(struct ctl *ctl)
+{
+	Csi__V1__ControllerGetCapabilitiesRequest req =
+		CSI__V1__CONTROLLER_GET_CAPABILITIES_REQUEST__INIT;
+
+	return ctl_run(ctl, "/csi.v1.Controller/ControllerGetCapabilities", &req.base,
+		       &csi__v1__controller_get_capabilities_response__descriptor,
+		       ctl_text_controller_caps);
+}
+
+static void ctl_text_stage(struct ctl *ctl, const ProtobufCMessage *reply)
+{
+	printf("staged %s at %s\n", ctl->a.pos[0],
+	       ctl->a.staging);
+}
+
+static int ctl_stage(struct ctl *ctl)
+{
+	Csi__V1__NodeStageVolumeRequest req =
+		CSI__V1__NODE_STAGE_VOLUME_REQUEST__INIT;
+
+	req.volume_id = ctl->a.pos[0];
+	req.staging_target_path = (char *)ctl->a.staging;
+	req.volume_capability = ctl_capability(ctl);
+	ctl_map_set(ctl, &req.base, "volume_context", &ctl->a.context);
+	ctl_map_set(ctl, &req.base, "secrets", &ctl->a.secrets);
+	return ctl_run(ctl, "/csi.v1.Node/NodeStageVolume", &req.base,
+		       &csi__v1__node_stage_volume_response__descriptor,
+		       ctl_text_stage);
+}
+
+static void ctl_text_unstage(struct ctl *ctl, const ProtobufCMessage *reply)
+{
+	printf("unstaged %s from %s\n", ctl->a.pos[0],
+	       ctl->a.staging);
+}
+
+static int ctl_unstage(struct ctl *ctl)
+{
+	Csi__V1__NodeUnstageVolumeRequest req =
+		CSI__V1__NODE_UNSTAGE_VOLUME_REQUEST__INIT;
+
+	req.volume_id = ctl->a.pos[0];
+	req.staging_target_path = (char *)ctl->a.staging;
+	return ctl_run(ctl, "/csi.v1.Node/NodeUnstageVolume", &req.base,
+		       &csi__v1__node_unstage_volume_response__descriptor,
+		       ctl_text_unstage);
+}
+
+static void ctl_text_publish(struct ctl *ctl, const ProtobufCMessage *reply)
+{
+	printf("published %s at %s%s\n", ctl->a.pos[0],
+	       ctl->a.target, ctl->a.readonly ? " read-only" : "");
+}
+
+static int ctl_publish(struct ctl *ctl)
+{
+	Csi__V1__NodePublishVolumeRequest req =
+		CSI__V1__NODE_PUBLISH_VOLUME_REQUEST__INIT;
+
+	req.volume_id = ctl->a.pos[0];
+	req.staging_target_path = (char *)ctl->a.staging;
+	req.target_path = (char *)ctl->a.target;
+	req.readonly = ctl->a.readonly;
+	req.volume_capability = ctl_capability(ctl);
+	ctl_map_set(ctl, &req.base, "volume_context", &ctl->a.context);
+	ctl_map_set(ctl, &req.base, "secrets", &ctl->a.secrets);
+	return ctl_run(ctl, "/csi.v1.Node/NodePublishVolume", &req.base,
+		       &csi__v1__node_publish_volume_response__descriptor,
+		       ctl_text_publish);
+}
+
+static void ctl_text_unpublish(struct ctl *ctl, const ProtobufCMessage *reply)
+{
+	printf("unpublished %s from %s\n", ctl->a.pos[0],
+	       ctl->a.target);
+}
+
+static int ctl_unpublish(struct ctl *ctl)
+{
+	Csi__V1__NodeUnpublishVolumeRequest req =
+		CSI__V1__NODE_UNPUBLISH_VOLUME_REQUEST__INIT;
+
+	req.volume_id = ctl->a.pos[0];
+	req.target_path = (char *)ctl->a.target;
+	return ctl_run(ctl, "/csi.v1.Node/NodeUnpublishVolume", &req.base,
+		       &csi__v1__node_unpublish_volume_response__descriptor,
+		       ctl_text_unpublish);
+}
+
+static void ctl_text_stats(struct ctl *ctl, const ProtobufCMessage *reply)
+{
+	const Csi__V1__NodeGetVolumeStatsResponse *r =
+		(const Csi__V1__NodeGetVolumeStatsResponse *)reply;
+
+	printf("%-8s %20s %20s %20s\n", "UNIT", "TOTAL", "USED",
+	       "AVAILABLE");
+	for (size_t i = 0; i < r->n_usage; i++) {
+		const Csi__V1__VolumeUsage *u = r->usage[i];
+
+		printf("%-8s %20" PRId64 " %20" PRId64 " %20" PRId64 "\n",
+		       ctl_enum_name(&csi__v1__volume_usage__unit__descriptor,
+				     u->unit),
+		       u->total, u->used, u->available);
+	}
+	ctl_print_condition(r->volume_condition);
+}
+
+static int ctl_stats(struct ctl *ctl)
+{
+	Csi__V1__NodeGetVolumeStatsRequest req =
+		CSI__V1__NODE_GET_VOLUME_STATS_REQUEST__INIT;
+
+	req.volume_id = ctl->a.pos[0];
+	req.volume_path = (char *)ctl->a.path;
+	if (ctl->a.staging)
+		req.staging_target_path = (char *)ctl->a.staging;
+	return ctl_run(ctl, "/csi.v1.Node/NodeGetVolumeStats", &req.base,
+		       &csi__v1__node_get_volume_stats_response__descriptor,
+		       ctl_text_stats);
+}
+
+static void ctl_text_node_info(struct ctl *ctl, const ProtobufCMessage *reply)
+{
+	const Csi__V1__NodeGetInfoResponse *r =
+		(const Csi__V1__NodeGetInfoResponse *)reply;
+
+	printf("node_id %s\n", r->node_id);
+	printf("max_volumes_per_node %" PRId64 "\n",
+	       r->max_volumes_per_node);
+	if (r->accessible_topology)
+		for (size_t i = 0; i < r->accessible_topology->n_segments; i++)
+			printf("topology %s=%s\n",
+			       r->accessible_topology->segments[i]->key,
+			       r->accessible_topology->segments[i]->value);
+}
+
+static int ctl_node_info(struct ctl *ctl)
+{
+	Csi__V1__NodeGetInfoRequest req = CSI__V1__NODE_GET_INFO_REQUEST__INIT;
+
+	return ctl_run(ctl, "/csi.v1.Node/NodeGetInfo", &req.base,
+		       &csi__v1__node_get_info_response__descriptor,
+		       ctl_text_node_info);
+}
+
+static void ctl_text_node_caps(struct ctl *ctl, const ProtobufCMessage *reply)
+{
+	const Csi__V1__NodeGetCapabilitiesResponse *r =
+		(const Csi__V1__NodeGetCapabilitiesResponse *)reply;
+
+	for (size_t i = 0; i < r->n_capabilities; i++) {
+		const Csi__V1__NodeServiceCapability *c =
+			r->capabilities[i];
+
+		printf("%s\n",
+		       c->type_case == CSI__V1__NODE_SERVICE_CAPABILITY__TYPE_RPC &&
+				       c->rpc ?
+			       ctl_enum_name(&csi__v1__node_service_capability__rpc__type__descriptor,
+					     c->rpc->type) :
+			       "UNKNOWN");
+	}
+}
+
+static int ctl_node_caps(struct ctl *ctl)
+{
+	Csi__V1__NodeGetCapabilitiesRequest req =
+		CSI__V1__NODE_GET_CAPABILITIES_REQUEST__INIT;
+
+	return ctl_run(ctl, "/csi.v1.Node/NodeGetCapabilities", &req.base,
+		       &csi__v1__node_get_capabilities_response__descriptor,
+		       ctl_text_node_caps);
+}
+
+/* ---- the command table ------------------------------------------------ */
+
+#define CTL_HELP_CAP                                                           \
+	"  --access-mode MODE  SINGLE_NODE_WRITER (default), SINGLE_NODE_READER_ONLY,\n" \
+	"                      SINGLE_NODE_SINGLE_WRITER, SINGLE_NODE_MULTI_WRITER,\n" \
+	"                      MULTI_NODE_READER_ONLY, MULTI_NODE_SINGLE_WRITER,\n"   \
+	"                      MULTI_NODE_MULTI_WRITER (any case, - for _)\n"         \
+	"  --block             a block capability instead of a mount one\n"
+#define CTL_HELP_MOUNT                                                         \
+	"  --mount-flag F      a mount flag (repeatable)\n"                         \
+	"  --mount-group GID   volume_mount_group of the mount capability\n"         \
+	"  --fs-type T         fs_type of the mount capability\n"
+#define CTL_HELP_SECRET                                                        \
+	"  --secret K=V        an entry of the request's secrets (repeatable;\n"    \
+	"                      none are sent otherwise, none are ever printed)\n"
+#define CTL_HELP_CONTEXT                                                       \
+	"  --context K=V       an entry of volume_context (repeatable)\n"
+
+static const int ctl_opts_none[] = { CTL_OPT_END };
+static const int ctl_opts_create[] = {
+	CTL_OPT_LAYERS, CTL_OPT_CAPACITY, CTL_OPT_LIMIT, CTL_OPT_PARAM,
+	CTL_OPT_ACCESS_MODE, CTL_OPT_BLOCK, CTL_OPT_SECRET, CTL_OPT_END,
+};
+static const int ctl_opts_delete[] = { CTL_OPT_SECRET, CTL_OPT_END };
+static const int ctl_opts_validate[] = {
+	CTL_OPT_ACCESS_MODE, CTL_OPT_BLOCK, CTL_OPT_CONTEXT, CTL_OPT_PARAM,
+	CTL_OPT_SECRET, CTL_OPT_END,
+};
+static const int ctl_opts_list[] = {
+	CTL_OPT_MAX_ENTRIES, CTL_OPT_STARTING_TOKEN, CTL_OPT_ALL, CTL_OPT_END,
+};
+static const int ctl_opts_capacity[] = {
+	CTL_OPT_ACCESS_MODE, CTL_OPT_BLOCK, CTL_OPT_PARAM, CTL_OPT_END,
+};
+static const int ctl_opts_stage[] = {
+	CTL_OPT_STAGING_PATH, CTL_OPT_ACCESS_MODE, CTL_OPT_BLOCK,
+	CTL_OPT_MOUNT_FLAG, CTL_OPT_MOUNT_GROUP, CTL_OPT_FS_TYPE,
+	CTL_OPT_CONTEXT, CTL_OPT_SECRET, CTL_OPT_END,
+};
+static const int ctl_opts_unstage[] = { CTL_OPT_STAGING_PATH, CTL_OPT_END };
+static const int ctl_opts_publish[] = {
+	CTL_OPT_STAGING_PATH, CTL_OPT_TARGET, CTL_OPT_READONLY,
+	CTL_OPT_ACCESS_MODE, CTL_OPT_BLOCK, CTL_OPT_MOUNT_FLAG,
+	CTL_OPT_MOUNT_GROUP, CTL_OPT_FS_TYPE, CTL_OPT_CONTEXT, CTL_OPT_SECRET,
+	CTL_OPT_END,
+};
+static const int ctl_opts_unpublish[] = { CTL_OPT_TARGET, CTL_OPT_END };
+static const int ctl_opts_stats[] = {
+	CTL_OPT_PATH, CTL_OPT_STAGING_PATH, CTL_OPT_END,
+};
+static const int ctl_need_staging[] = { CTL_OPT_STAGING_PATH, CTL_OPT_END };
+static const int ctl_need_publish[] = {
+	CTL_OPT_STAGING_PATH, CTL_OPT_TARGET, CTL_OPT_END,
+};
+static const int ctl_need_target[] = { CTL_OPT_TARGET, CTL_OPT_END };
+static const int ctl_need_path[] = { CTL_OPT_PATH, CTL_OPT_END };
+
+static const struct ctl_cmd ctl_cmds[] = {
+	{
+		.name = "info", .run = ctl_info, .synopsis = "",
+		.summary = "the plugin's name and version (GetPluginInfo)",
+		.opts = ctl_opts_none, .need = ctl_opts_none,
+	},
+	{
+		.name = "plugin-caps", .run = ctl_plugin_caps, .synopsis = "",
+		.summary = "the plugin's capabilities, one per line (GetPluginCapabilities)",
+		.opts = ctl_opts_none, .need = ctl_opts_none,
+	},
+	{
+		.name = "probe", .run = ctl_probe, .synopsis = "",
+		.summary = "whether the plugin is ready (Probe); exits 1 when not",
+		.opts = ctl_opts_none, .need = ctl_opts_none,
+	},
+	{
+		.name = "create-volume", .run = ctl_create_volume,
+		.synopsis = "NAME [--layers a,b] [--capacity SIZE] [--limit SIZE] [--param K=V ...] [--access-mode MODE] [--block]",
+		.summary = "create a volume, or find the one of that name (CreateVolume)",
+		.options =
+			"  --layers a,b        the layer chain, top first: parameters[\"layers\"]\n"
+			"  --capacity SIZE     capacity_range.required_bytes\n"
+			"  --limit SIZE        capacity_range.limit_bytes\n"
+			"  --param K=V         a parameter (repeatable)\n"
+			CTL_HELP_CAP CTL_HELP_SECRET
+			"\nSIZE is bytes, or K/M/G/T (powers of 1000) or Ki/Mi/Gi/Ti (powers\n"
+			"of 1024), with an optional B: 1Gi, 512M, 1GiB.\n",
+		.opts = ctl_opts_create, .need = ctl_opts_none,
+		.min_pos = 1, .max_pos = 1,
+	},
+	{
+		.name = "delete-volume", .run = ctl_delete_volume,
+		.synopsis = "ID",
+		.summary = "delete a volume (DeleteVolume)",
+		.options = CTL_HELP_SECRET,
+		.opts = ctl_opts_delete, .need = ctl_opts_none,
+		.min_pos = 1, .max_pos = 1,
+	},
+	{
+		.name = "validate", .run = ctl_validate,
+		.synopsis = "ID [--access-mode MODE] [--block]",
+		.summary = "whether the volume takes a capability (ValidateVolumeCapabilities); exits 1 when not",
+		.options = CTL_HELP_CAP CTL_HELP_CONTEXT
+			"  --param K=V         a parameter (repeatable)\n"
+			CTL_HELP_SECRET,
+		.opts = ctl_opts_validate, .need = ctl_opts_none,
+		.min_pos = 1, .max_pos = 1,
+	},
+	{
+		.name = "list-volumes", .run = ctl_list_volumes,
+		.synopsis = "[--max-entries N] [--starting-token T] [--all]",
+		.summary = "the volumes, one per line (ListVolumes)",
+		.options =
+			"  --max-entries N     at most N per reply (0: the plugin decides)\n"
+			"  --starting-token T  continue from a previous reply's next_token\n"
+			"  --all               follow next_token to the end (with --json: one\n"
+			"                      object holding every entry)\n",
+		.opts = ctl_opts_list, .need = ctl_opts_none,
+	},
+	{
+		.name = "capacity", .run = ctl_capacity,
+		.synopsis = "[--access-mode MODE] [--block] [--param K=V ...]",
+		.summary = "the capacity left for new volumes (GetCapacity)",
+		.options = CTL_HELP_CAP
+			"  --param K=V         a parameter (repeatable)\n"
+			"\nNo capability is sent unless --access-mode or --block is given.\n",
+		.opts = ctl_opts_capacity, .need = ctl_opts_none,
+	},
+	{
+		.name = "controller-caps", .run = ctl_controller_caps,
+		.synopsis = "",
+		.summary = "the controller's capabilities, one per line (ControllerGetCapabilities)",
+		.opts = ctl_opts_none, .need = ctl_opts_none,
+	},
+	{
+		.name = "stage", .run = ctl_stage,
+		.synopsis = "ID --staging-path P [--access-mode MODE] [--mount-flag F ...] [--mount-group GID] [--fs-type T] [--context K=V ...]",
+		.summary = "mount a volume on its staging path (NodeStageVolume)",
+		.options = "  --staging-path P    staging_target_path (required)\n"
+			CTL_HELP_CAP CTL_HELP_MOUNT CTL_HELP_CONTEXT
+			CTL_HELP_SECRET,
+		.opts = ctl_opts_stage, .need = ctl_need_staging,
+		.min_pos = 1, .max_pos = 1,
+	},
+	{
+		.name = "unstage", .run = ctl_unstage,
+		.synopsis = "ID --staging-path P",
+		.summary = "unmount a volume from its staging path (NodeUnstageVolume)",
+		.options = "  --staging-path P    staging_target_path (required)\n",
+		.opts = ctl_opts_unstage, .need = ctl_need_staging,
+		.min_pos = 1, .max_pos = 1,
+	},
+	{
+		.name = "publish", .run = ctl_publish,
+		.synopsis = "ID --staging-path P --target T [--readonly] [--access-mode MODE] [--mount-flag F ...] [--mount-group GID]",
+		.summary = "bind a staged volume to a target path (NodePublishVolume)",
+		.options = "  --staging-path P    staging_target_path (required)\n"
+			"  --target T          target_path (required)\n"
+			"  --readonly          publish read-only\n"
+			CTL_HELP_CAP CTL_HELP_MOUNT CTL_HELP_CONTEXT
+			CTL_HELP_SECRET,
+		.opts = ctl_opts_publish, .need = ctl_need_publish,
+		.min_pos = 1, .max_pos = 1,
+	},
+	{
+		.name = "unpublish", .run = ctl_unpublish,
+		.synopsis = "ID --target T",
+		.summary = "unmount a target path (NodeUnpublishVolume)",
+		.options = "  --target T          target_path (required)\n",
+		.opts = ctl_opts_unpublish, .need = ctl_need_target,
+		.min_pos = 1, .max_pos = 1,
+	},
+	{
+		.name = "stats", .run = ctl_stats,
+		.synopsis = "ID --path P [--staging-path P]",
+		.summary = "bytes and inodes used and free (NodeGetVolumeStats)",
+		.options = "  --path P            volume_path (required)\n"
+			"  --staging-path P    staging_target_path\n",
+		.opts = ctl_opts_stats, .need = ctl_need_path,
+		.min_pos = 1, .max_pos = 1,
+	},
+	{
+		.name = "node-info", .run = ctl_node_info, .synopsis = "",
+		.summary = "the node's id, volume limit and topology (NodeGetInfo)",
+		.opts = ctl_opts_none, .need = ctl_opts_none,
+	},
+	{
+		.name = "node-caps", .run = ctl_node_caps, .synopsis = "",
+		.summary = "the node's capabilities, one per line (NodeGetCapabilities)",
+		.opts = ctl_opts_none, .need = ctl_opts_none,
+	},
+};
+#define CTL_NCMDS (sizeof(ctl_cmds) / sizeof(*ctl_cmds))
+
+static const struct ctl_cmd *ctl_cmd_find(const char *name)
+{
+	for (size_t i = 0; i < CTL_NCMDS; i++)
+		if (strcmp(ctl_cmds[i].name, name) == 0)
+			return &ctl_cmds[i];
+	return NULL;
+}
+
+static void ctl_help(FILE *f)
+{
+	fprintf(f,
+		"usage: " CTL_PROG " [--endpoint EP] [--json] [--timeout SECONDS] COMMAND [ARGS]\n"
+		"\n"
+		"Calls the RPCs of a CSI plugin (strata-csi) on its unix socket.\n"
+		"\n"
+		"Options (also taken after COMMAND):\n"
+		"  --endpoint EP       unix:///path/csi.sock, unix:/path or /path\n"
+		"                      (default: $CSI_ENDPOINT)\n"
+		"  --json              print the reply as one JSON object\n"
+		"  --timeout SECONDS   the call's deadline (default %d)\n"
+		"  --help              this text; COMMAND --help: the command's\n"
+		"  --version           the version\n"
+		"\n"
+		"Commands:\n",
+		CTL_DEFAULT_TIMEOUT_MS / 1000);
+	for (size_t i = 0; i < CTL_NCMDS; i++)
+		fprintf(f, "  %-16s %s\n", ctl_cmds[i].name,
+			ctl_cmds[i].summary);
+	fprintf(f,
+		"\n"
+		"Exit status: 0 done; 1 an error status from the plugin or gRPC\n"
+		"(printed as 'stratactl: CODE: message'), or a negative answer\n"
+		"(probe, validate); 2 a usage error.\n");
+}
+
+static void ctl_cmd_help(const struct ctl_cmd *cmd)
+{
+	printf("usage: " CTL_PROG " [--endpoint EP] [--json] [--timeout SECONDS] %s%s%s\n\n%s.\n",
+	       cmd->name, *cmd->synopsis ? " " : "", cmd->synopsis,
+	       cmd->summary);
+	if (cmd->options)
+		printf("\nOptions:\n%s", cmd->options);
+	printf("\n--endpoint, --json and --timeout are taken here too; see '" CTL_PROG " --help'.\n");
+}
+
+static bool ctl_opt_in(const int *list, int id)
+{
+	for (; *list != CTL_OPT_END; list++)
+		if (*list == id)
+			return true;
+	return false;
+}
+
+/* The value of a option, into ctl->a or the globals. */
+static int ctl_set_opt(struct ctl *ctl, int id, const char *name,
+		       const char *arg)
+{
+	struct ctl_args *a = &ctl->a;
+	char *end;
+	long v;
+	int ret;
+
+	switch (id) {
+	case CTL_OPT_ENDPOINT:
+		ctl->endpoint = arg;
+		break;
+	case CTL_OPT_JSON:
+		ctl->json = true;
+		break;
+	case CTL_OPT_TIMEOUT: {
+		double s;
+
+		errno = 0;
+		s = strtod(arg, &end);
+		if (errno || end == arg || *end || !isfinite(s) || s <= 0 ||
+		    s > CTL_MAX_TIMEOUT_S)
+			return ctl_usage_error(ctl, "--timeout takes seconds, above 0 and at most %.0f: '%s'",
+					       CTL_MAX_TIMEOUT_S, arg);
+		/* rounded up, without ceil(): stratactl does not link libm */
+		ctl->timeout_ms = (int)(s * 1000);
+		if (ctl->timeout_ms < s * 1000)
+			ctl->timeout_ms++;
+		break;
+	}
+	case CTL_OPT_LAYERS:
+		a->layers = arg;
+		break;
+	case CTL_OPT_CAPACITY:
+	case CTL_OPT_LIMIT:
+		ret = ctl_parse_size(arg, id == CTL_OPT_CAPACITY ? &a->capacity :
+								&a->limit);
+		if (ret < 0)
+			return ctl_usage_error(ctl, "--%s takes a size like 1073741824, 1Gi, 512M: '%s'%s",
+					       name, arg,
+					       ret == -ERANGE ? " is too large" : "");
+		break;
+	case CTL_OPT_PARAM:
+		return ctl_kvs_add(ctl, &a->params, arg, name);
+	case CTL_OPT_CONTEXT:
+		return ctl_kvs_add(ctl, &a->context, arg, name);
+	case CTL_OPT_SECRET:
+		return ctl_kvs_add(ctl, &a->secrets, arg, name);
+	case CTL_OPT_ACCESS_MODE:
+		ret = ctl_parse_access_mode(arg);
+		if (ret < 0)
+			return ctl_usage_error(ctl, "unknown access mode '%s' (try SINGLE_NODE_WRITER)",
+					       arg);
+		a->access_mode = ret;
+		break;
+	case CTL_OPT_BLOCK:
+		a->block = true;
+		break;
+	case CTL_OPT_MAX_ENTRIES:
+		errno = 0;
+		v = strtol(arg, &end, 10);
+		if (errno || end == arg || *end || v < 0 || v > INT32_MAX)
+			return ctl_usage_error(ctl, "--max-entries takes a count from 0: '%s'",
+					       arg);
+		a->max_entries = (int32_t)v;
+		break;
+	case CTL_OPT_STARTING_TOKEN:
+		a->starting_token = arg;
+		break;
+	case CTL_OPT_ALL:
+		a->all = true;
+		break;
+	case CTL_OPT_STAGING_PATH:
+		a->staging = arg;
+		break;
+	case CTL_OPT_TARGET:
+		a->target = arg;
+		break;
+	case CTL_OPT_PATH:
+		a->path = arg;
+		break;
+	case CTL_OPT_READONLY:
+		a->readonly = true;
+		break;
+	case CTL_OPT_MOUNT_FLAG:
+		ctl_strv_add(ctl, &a->mount_flags, arg);
+		break;
+	case CTL_OPT_MOUNT_GROUP:
+		a->mount_group = arg;
+		break;
+	case CTL_OPT_FS_TYPE:
+		a->fs_type = arg;
+		break;
+	default:
+		return ctl_usage_error(ctl, "option --%s is not taken here", name);
+	}
+	return 0;
+}
+
+static const char *ctl_opt_name(int id)
+{
+	for (const struct option *o = ctl_options; o->name; o++)
+		if (o->val == id)
+			return o->name;
+	return "?";
+}
+
+/* The value a required option left in ctl->a; NULL or "" when not given. */
+static const char *ctl_required_value(const struct ctl_args *a, int id)
+{
+	switch (id) {
+	case CTL_OPT_STAGING_PATH:
+		return a->staging;
+	case CTL_OPT_TARGET:
+		return a->target;
+	case CTL_OPT_PATH:
+		return a->path;
+	}
+	abort(); /* a table entry naming an option with no string value */
+}
+
+static int ctl_check_required(struct ctl *ctl)
+{
+	const struct ctl_args *a = &ctl->a;
+
+	for (const int *id = ctl->cmd->need; *id != CTL_OPT_END; id++) {
+		const char *v = ctl_required_value(a, *id);
+
+		if (!v || !*v)
+			return ctl_usage_error(ctl, "--%s is required",
+					       ctl_opt_name(*id));
+	}
+	if (a->block && (a->mount_flags.n || a->mount_group || a->fs_type))
+		return ctl_usage_error(ctl, "--block takes no --mount-flag, --mount-group or --fs-type");
+	return 0;
+}
+
+/*
+ * A command's own getopt_long over argv[0..argc) (argv[0] is its name):
+ * its options plus the common ones, positional arguments in any place.
+ * Returns -1 after printing the help, 0 to go on, or an exit code.
+ */
+static int ctl_parse_cmd(struct ctl *ctl, int argc, char **argv)
+{
+	const struct ctl_cmd *cmd = ctl->cmd;
+	struct option longopts[CTL_NOPTIONS];
+	size_t n = 0;
+	int c, ret;
+
+	for (const struct option *o = ctl_options; o->name; o++)
+		if (ctl_opt_in(ctl_common_opts, o->val) ||
+		    ctl_opt_in(cmd->opts, o->val))
+			longopts[n++] = *o;
+	memset(&longopts[n], 0, sizeof(longopts[n]));
+
+	opterr = 0;
+	optind = 0; /* GNU: start over, and reinitialise */
+	while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
+		switch (c) {
+		case 'h':
+			ctl_cmd_help(cmd);
+			return -1;
+		case ':':
+			return ctl_usage_error(ctl, "option '%s' needs a value",
+					       argv[optind - 1]);
+		case '?':
+			if (optopt)
+				return ctl_usage_error(ctl, "unknown option '-%c'",
+						       optopt);
+			return ctl_usage_error(ctl, "unknown option '%s'",
+					       argv[optind - 1]);
+		default:
+			ret = ctl_set_opt(ctl, c, ctl_opt_name(c), optarg);
+			if (ret)
+				return ret;
+		}
+	}
+	ctl->a.pos = argv + optind;
+	ctl->a.npos = argc - optind;
+	if (ctl->a.npos < cmd->min_pos)
+		return ctl_usage_error(ctl, "missing argument: %s %s",
+				       cmd->name, cmd->synopsis);
+	if (ctl->a.npos > cmd->max_pos)
+		return ctl_usage_error(ctl, "unexpected argument '%s'",
+				       ctl->a.pos[cmd->max_pos]);
+	for (int i = 0; i < ctl->a.npos; i++)
+		if (!*ctl->a.pos[i])
+			return ctl_usage_error(ctl, "an empty argument");
+	return ctl_check_required(ctl);
+}
+
+/* The options before COMMAND; stops at the first non-option. */
+static int ctl_parse_global(struct ctl *ctl, int argc, char **argv)
+{
+	static const struct option longopts[] = {
+		{ "help", no_argument, NULL, CTL_OPT_HELP },
+		{ "endpoint", required_argument, NULL, CTL_OPT_ENDPOINT },
+		{ "json", no_argument, NULL, CTL_OPT_JSON },
+		{ "timeout", required_argument, NULL, CTL_OPT_TIMEOUT },
+		{ "version", no_argument, NULL, CTL_OPT_VERSION },
+		{ NULL, 0, NULL, 0 },
+	};
+	int c, ret;
+
+	opterr = 0;
+	while ((c = getopt_long(argc, argv, "+:h", longopts, NULL)) != -1) {
+		switch (c) {
+		case 'h':
+			ctl_help(stdout);
+			return -1;
+		case CTL_OPT_VERSION:
+			printf(CTL_PROG " %s\n", STRATA_VERSION);
+			return -1;
+		case ':':
+			return ctl_usage_error(ctl, "option '%s' needs a value",
+					       argv[optind - 1]);
+		case '?':
+			if (optopt)
+				return ctl_usage_error(ctl, "unknown option '-%c'",
+						       optopt);
+			return ctl_usage_error(ctl, "unknown option '%s'",
+					       argv[optind - 1]);
+		default:
+			ret = ctl_set_opt(ctl, c, ctl_opt_name(c), optarg);
+			if (ret)
+				return ret;
+		}
+	}
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	struct ctl ctl = {
+		.timeout_ms = CTL_DEFAULT_TIMEOUT_MS,
+		.a = { .capacity = -1, .limit = -1 },
+	};
+	const char *name;
+	char *target = NULL;
+	int ret;
+
+	ret = ctl_parse_global(&ctl, argc, argv);
+	if (ret)
+		goto out;
+	if (optind >= argc) {
+		ret = ctl_usage_error(&ctl, "no command given");
+		goto out;
+	}
+	name = argv[optind];
+	if (strcmp(name, "help") == 0) {
+		const struct ctl_cmd *cmd =
+			optind + 1 < argc ? ctl_cmd_find(argv[optind + 1]) : NULL;
+
+		if (cmd)
+			ctl_cmd_help(cmd);
+		else
+			ctl_help(stdout);
+		ret = -1;
+		goto out;
+	}
+	ctl.cmd = ctl_cmd_find(name);
+	if (!ctl.cmd) {
+		ret = ctl_usage_error(&ctl, "unknown command '%s'", name);
+		goto out;
+	}
+	ret = ctl_parse_cmd(&ctl, argc - optind, argv + optind);
+	if (ret)
+		goto out;
+
+	if (!ctl.endpoint || !*ctl.endpoint)
+		ctl.endpoint = getenv("CSI_ENDPOINT");
+	if (!ctl.endpoint || !*ctl.endpoint) {
+		ret = ctl_usage_error(&ctl, "no endpoint: give --endpoint unix:///path/csi.sock or set CSI_ENDPOINT");
+		goto out;
+	}
+	ret = csi_client_target(ctl.endpoint, &target);
+	if (ret < 0) {
+		ret = ctl_usage_error(&ctl, "endpoint '%s' %s", ctl.endpoint,
+				      ret == -ENAMETOOLONG ?
+					      "is longer than a unix socket path may be" :
+					      "is not a unix socket: give unix:///abs/path, unix:/abs/path or /abs/path");
+		goto out;
+	}
+	ret = ctl.cmd->run(&ctl);
+
+out:
+	free(target);
+	csi_client_close(ctl.client);
+	ctl_pool_free(&ctl);
+	if (fflush(stdout) != 0 && ret == CTL_EXIT_OK) {
+		fprintf(stderr, CTL_PROG ": writing the output: %s\n",
+			strerror(errno));
+		ret = CTL_EXIT_FAIL;
+	}
+	return ret < 0 ? CTL_EXIT_OK : ret;
+}
