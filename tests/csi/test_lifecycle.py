@@ -1,0 +1,212 @@
+"""The kubelet's sequence end to end, and plugin restarts in the middle of
+it: volumes keep working, state is reconciled, dead daemons are healed."""
+
+import errno
+import os
+import signal
+
+import pytest
+
+from csitest import (STRATAFS_FSTYPE, answers, assert_daemon_gone, cap, errno_of,
+                     is_mounted, mounts_under, pid_alive, poll, read_file,
+                     snapshot, write_file)
+
+
+def assert_all_gone(env, strata, vid, pid):
+    assert [m["mountpoint"] for m in mounts_under(env.base)] == [], \
+        "mounts left under the test dir"
+    assert_daemon_gone(pid, strata)
+    assert strata.node_record(vid) is None
+    assert not os.path.exists(strata.path("volumes", vid))
+    assert not os.path.exists(strata.path("node", vid + ".json"))
+
+
+@pytest.mark.timeout(90)
+def test_kubelet_sequence(env, kubelet, strata):
+    lower_before = snapshot(strata.path("layers", "base"))
+    vid = kubelet.create("pvc-life", layers="base,extra")
+    st = kubelet.stage(vid)
+    pid = strata.daemon_pid(vid)
+    t1 = kubelet.publish(vid, st, env.target("pod-a"))
+    t2 = kubelet.publish(vid, st, env.target("pod-b"), readonly=True)
+
+    # a write through one pod is read through the other
+    write_file(os.path.join(t1, "hello.txt"), "from pod a")
+    assert read_file(os.path.join(t2, "hello.txt")) == b"from pod a"
+    # a copy-up of a lower file is visible through both; the layer stays as it was
+    with open(os.path.join(t1, "lower.txt"), "a") as f:
+        f.write("appended by pod a\n")
+    expect = b"from the lower layer\nappended by pod a\n"
+    assert read_file(os.path.join(t1, "lower.txt")) == expect
+    assert read_file(os.path.join(t2, "lower.txt")) == expect
+    assert read_file(strata.path("volumes", vid, "upper", "lower.txt")) == expect
+    os.unlink(os.path.join(t1, "dir", "inner.txt"))
+    assert not os.path.exists(os.path.join(t2, "dir", "inner.txt"))
+    assert snapshot(strata.path("layers", "base")) == lower_before
+    # the read-only pod cannot write
+    assert errno_of(write_file, os.path.join(t2, "x"), "x") == errno.EROFS
+
+    rec = strata.node_record(vid)
+    assert t1 in str(rec) and t2 in str(rec)
+
+    kubelet.unpublish(vid, t1)
+    kubelet.unpublish(vid, t2)
+    assert not os.path.exists(t1) and not os.path.exists(t2)
+    kubelet.unstage(vid, st)
+    kubelet.delete(vid)
+    assert_all_gone(env, strata, vid, pid)
+    assert snapshot(strata.path("layers", "base")) == lower_before
+
+
+def test_two_volumes_are_independent(env, kubelet, strata):
+    v1, v2 = kubelet.create("one"), kubelet.create("two")
+    s1, s2 = kubelet.stage(v1), kubelet.stage(v2)
+    t1, t2 = kubelet.publish(v1, s1), kubelet.publish(v2, s2)
+    write_file(os.path.join(t1, "only-in-one"), "1")
+    assert not os.path.exists(os.path.join(t2, "only-in-one"))
+    assert strata.daemon_pid(v1) != strata.daemon_pid(v2)
+    kubelet.unpublish(v1, t1)
+    kubelet.unstage(v1, s1)
+    assert answers(t2) and is_mounted(s2, STRATAFS_FSTYPE)
+
+
+# --------------------------------------------------------------------------
+# restarts
+
+@pytest.mark.timeout(90)
+def test_restart_after_stage(env, kubelet, strata):
+    vid = kubelet.create("r1")
+    st = kubelet.stage(vid)
+    write_file(os.path.join(st, "staged-data"), "before the crash")
+    pid = strata.daemon_pid(vid)
+    strata.restart()                       # SIGKILL, start again
+    assert pid_alive(pid) and strata.daemon_pid(vid) == pid, "daemon replaced"
+    # kubelet carries on where it was: publish, use, tear down
+    assert kubelet.csi.NodeStageVolume(volume_id=vid, staging_target_path=st,
+                                       volume_capability=cap()
+                                       ).code == "OK"
+    tgt = kubelet.publish(vid, st)
+    assert read_file(os.path.join(tgt, "staged-data")) == b"before the crash"
+    kubelet.unpublish(vid, tgt)
+    kubelet.unstage(vid, st)
+    kubelet.delete(vid)
+    assert_all_gone(env, strata, vid, pid)
+
+
+@pytest.mark.timeout(90)
+def test_restart_after_publish(env, kubelet, strata):
+    vid = kubelet.create("r2")
+    st = kubelet.stage(vid)
+    t1 = kubelet.publish(vid, st, env.target("a"))
+    t2 = kubelet.publish(vid, st, env.target("b"))
+    write_file(os.path.join(t1, "data"), "written before the restart")
+    pid = strata.daemon_pid(vid)
+    strata.restart()
+    assert read_file(os.path.join(t2, "data")) == b"written before the restart"
+    write_file(os.path.join(t2, "more"), "after")
+    assert read_file(os.path.join(t1, "more")) == b"after"
+    # a re-sent publish is still idempotent after the restart
+    kubelet.publish(vid, st, t1)
+    code, r = kubelet.csi.NodeGetVolumeStats(volume_id=vid, volume_path=t1)
+    assert code == "OK", r
+    kubelet.unpublish(vid, t1)
+    kubelet.unpublish(vid, t2)
+    kubelet.unstage(vid, st)
+    kubelet.delete(vid)
+    assert_all_gone(env, strata, vid, pid)
+
+
+@pytest.mark.timeout(90)
+def test_restart_sigterm_then_teardown(env, kubelet, strata):
+    vid = kubelet.create("r3")
+    st = kubelet.stage(vid)
+    tgt = kubelet.publish(vid, st)
+    pid = strata.daemon_pid(vid)
+    strata.restart(hard=False)
+    assert strata.daemon_pid(vid) == pid
+    kubelet.unpublish(vid, tgt)
+    kubelet.unstage(vid, st)
+    kubelet.delete(vid)
+    assert_all_gone(env, strata, vid, pid)
+
+
+def _heal_setup(env, kubelet, strata):
+    vid = kubelet.create("heal")
+    st = kubelet.stage(vid)
+    tgt = kubelet.publish(vid, st)
+    write_file(os.path.join(tgt, "precious"), "survives the daemon")
+    pid = strata.daemon_pid(vid)
+    strata.kill()                         # the plugin is down ...
+    os.kill(pid, signal.SIGKILL)          # ... and then the daemon dies
+    poll(lambda: errno_of(os.listdir, st) == errno.ENOTCONN, 5,
+         what="ENOTCONN on the staging path")
+    strata.start()
+    return vid, st, tgt, pid
+
+
+@pytest.mark.timeout(90)
+def test_restart_heals_dead_daemon(env, kubelet, strata):
+    vid, st, tgt, pid = _heal_setup(env, kubelet, strata)
+    poll(lambda: answers(st), 15, what="the staging mount to answer again")
+    assert is_mounted(st, STRATAFS_FSTYPE)
+    new = strata.daemon_pid(vid)
+    assert new != pid and pid_alive(new)
+    assert read_file(os.path.join(st, "precious")) == b"survives the daemon"
+    # one live FUSE mount at the staging path (the dead one is gone)
+    assert len([m for m in mounts_under(st)]) == 1
+    kubelet.unpublish(vid, tgt)
+    kubelet.unstage(vid, st)
+    kubelet.delete(vid)
+    assert_all_gone(env, strata, vid, new)
+
+
+@pytest.mark.timeout(90)
+def test_restart_heals_published_targets(env, kubelet, strata):
+    """Healing the staging mount alone leaves pods on a dead connection:
+    the plugin also re-binds the targets it has on record."""
+    vid, st, tgt, pid = _heal_setup(env, kubelet, strata)
+    poll(lambda: answers(st), 15, what="the staging mount to answer again")
+    poll(lambda: answers(tgt), 15, what="the published target to answer again")
+    assert read_file(os.path.join(tgt, "precious")) == b"survives the daemon"
+    assert len(mounts_under(tgt)) == 1
+    kubelet.unpublish(vid, tgt)
+    kubelet.unstage(vid, st)
+
+
+@pytest.mark.timeout(90)
+def test_heal_after_daemon_death_while_running(env, kubelet, strata):
+    """With the plugin up, a dead daemon is noticed (pidfd) and restarted,
+    or at the latest healed by the next call on the volume."""
+    vid = kubelet.create("heal-live")
+    st = kubelet.stage(vid)
+    write_file(os.path.join(st, "f"), "x")
+    pid = strata.daemon_pid(vid)
+    os.kill(pid, signal.SIGKILL)
+    poll(lambda: errno_of(os.listdir, st) in (errno.ENOTCONN, 0), 5)
+    # kubelet re-sends stage after a pod restart: the volume works again
+    assert kubelet.csi.NodeStageVolume(volume_id=vid, staging_target_path=st,
+                                       volume_capability=cap()
+                                       ).code == "OK"
+    assert answers(st)
+    assert read_file(os.path.join(st, "f")) == b"x"
+    assert strata.daemon_pid(vid) != pid
+    kubelet.unstage(vid, st)
+    assert not is_mounted(st)
+
+
+@pytest.mark.timeout(90)
+def test_restart_with_unstaged_record_leftovers(env, kubelet, strata):
+    """A record whose mount vanished while the plugin was down (node
+    reboot) does not block unstage or delete after the restart."""
+    vid = kubelet.create("gone")
+    st = kubelet.stage(vid)
+    pid = strata.daemon_pid(vid)
+    strata.kill()
+    os.kill(pid, signal.SIGKILL)
+    import subprocess
+    subprocess.run(["umount", "-l", st], check=True)
+    strata.start()
+    kubelet.unstage(vid, st)
+    kubelet.delete(vid)
+    assert not is_mounted(st)
+    assert strata.node_record(vid) is None
