@@ -1,7 +1,8 @@
 #!/bin/bash
 # The whole test suite: unit programs, the integration suite over real
-# mounts (kernel overlayfs as the oracle, stratafs as built), and the
-# same again on an AddressSanitizer+UBSan build. Ends with one line
+# mounts (kernel overlayfs as the oracle, stratafs as built), the CSI
+# plugin suite over a real socket, and the same again on an
+# AddressSanitizer+UBSan build. Ends with one line
 # "N passed, N failed".
 #
 #   scripts/test.sh               everything
@@ -78,6 +79,18 @@ run_integration() {
 	count_junit "$results/$name.xml"
 }
 
+# Runs the CSI plugin suite against one build directory's programs.
+run_csi() {
+	local name=$1 dir=$2
+	shift 2
+	echo "== csi ($name)"
+	(cd tests/csi &&
+		STRATA_CSI="$dir/strata-csi" STRATACTL="$dir/stratactl" \
+		STRATAFS="$dir/stratafs" /usr/bin/python3 -m pytest -q \
+			--junitxml="$results/$name.xml" ${PYTEST_ARGS:-} "$@")
+	count_junit "$results/$name.xml"
+}
+
 echo "== build"
 if ! scripts/build.sh build; then
 	echo "0 passed, 1 failed"
@@ -88,6 +101,7 @@ run_integration integration "$top/build/stratafs"
 # The data paths again under the other I/O engine (the default is uring).
 STRATAFS_OPTS=io=sync run_integration integration-sync "$top/build/stratafs" \
 	-m stratafs -k "not valgrind and not memory"
+run_csi csi "$top/build"
 
 if [ "$quick" -eq 0 ]; then
 	echo "== build (AddressSanitizer + UBSan)"
@@ -98,6 +112,7 @@ if [ "$quick" -eq 0 ]; then
 		# The kernel's results do not change with our build, and valgrind
 		# cannot run an ASan binary: stratafs tests only, valgrind aside.
 		run_integration asan "$top/build-asan/stratafs" -m stratafs -k "not valgrind"
+		run_csi csi-asan "$top/build-asan" -k "not valgrind"
 	else
 		failed=$((failed + 1))
 	fi
