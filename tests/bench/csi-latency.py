@@ -1,0 +1,124 @@
+#!/usr/bin/python3
+"""NodeStageVolume-to-ready and NodePublishVolume latency of strata-csi.
+
+Starts the plugin on a temporary store with a small layer, creates one
+volume, then N times: stage (timed until the RPC returns, which the plugin
+does only once the new stratafs mount answers), publish (timed), unpublish
+and unstage. Prints median, p90, p99 and max per RPC. A benchmark, not a
+test: nothing here asserts a time.
+
+    tests/bench/csi-latency.py --bin build [--runs 100] [--json FILE]
+"""
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import grpc
+
+REPO = os.path.realpath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+def load_pb(tmp):
+    subprocess.run(["protoc", f"--python_out={tmp}", f"-I{REPO}/csi",
+                    f"{REPO}/csi/csi.proto"], check=True)
+    sys.path.insert(0, tmp)
+    import csi_pb2
+    return csi_pb2
+
+
+def rpc(ch, pb, service, method, req):
+    name = method + "Response"
+    f = ch.unary_unary(f"/csi.v1.{service}/{method}",
+                       request_serializer=lambda m: m.SerializeToString(),
+                       response_deserializer=getattr(pb, name).FromString)
+    return f(req, timeout=60)
+
+
+def pct(xs, p):
+    xs = sorted(xs)
+    k = max(0, min(len(xs) - 1, round(p / 100 * len(xs) + 0.5) - 1))
+    return xs[k]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--bin", default=os.path.join(REPO, "build"),
+                    help="build directory with strata-csi and stratafs")
+    ap.add_argument("--runs", type=int, default=100)
+    ap.add_argument("--json", help="also write the samples here")
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("csi-latency: mounting needs root")
+
+    tmp = tempfile.mkdtemp(prefix="strata-csi-lat.")
+    pb = load_pb(tmp)
+    root = os.path.join(tmp, "root")
+    os.makedirs(os.path.join(root, "layers", "base", "dir"))
+    for i in range(100):
+        with open(os.path.join(root, "layers", "base", "dir", f"f{i}"), "w") as f:
+            f.write("x" * 1000)
+    sock = os.path.join(tmp, "csi.sock")
+    log = open(os.path.join(tmp, "plugin.log"), "w")
+    plugin = subprocess.Popen(
+        [os.path.join(args.bin, "strata-csi"), "--endpoint", f"unix://{sock}",
+         "--nodeid", "bench", "--root", root, "-v", "0",
+         "--stratafs", os.path.join(args.bin, "stratafs")],
+        stdout=log, stderr=log)
+    ch = grpc.insecure_channel(f"unix://{sock}")
+    try:
+        grpc.channel_ready_future(ch).result(timeout=15)
+        cap = pb.VolumeCapability(
+            mount=pb.VolumeCapability.MountVolume(),
+            access_mode=pb.VolumeCapability.AccessMode(mode=1))
+        vid = rpc(ch, pb, "Controller", "CreateVolume", pb.CreateVolumeRequest(
+            name="bench", volume_capabilities=[cap],
+            parameters={"layers": "base"})).volume.volume_id
+        staging = os.path.join(tmp, "staging")
+        target = os.path.join(tmp, "pod", "vol")
+        os.makedirs(os.path.dirname(target))
+        stage, publish = [], []
+        for _ in range(args.runs):
+            t0 = time.perf_counter()
+            rpc(ch, pb, "Node", "NodeStageVolume", pb.NodeStageVolumeRequest(
+                volume_id=vid, staging_target_path=staging,
+                volume_capability=cap))
+            t1 = time.perf_counter()
+            rpc(ch, pb, "Node", "NodePublishVolume", pb.NodePublishVolumeRequest(
+                volume_id=vid, staging_target_path=staging, target_path=target,
+                volume_capability=cap))
+            t2 = time.perf_counter()
+            os.stat(os.path.join(target, "dir", "f1"))
+            rpc(ch, pb, "Node", "NodeUnpublishVolume", pb.NodeUnpublishVolumeRequest(
+                volume_id=vid, target_path=target))
+            rpc(ch, pb, "Node", "NodeUnstageVolume", pb.NodeUnstageVolumeRequest(
+                volume_id=vid, staging_target_path=staging))
+            stage.append((t1 - t0) * 1e3)
+            publish.append((t2 - t1) * 1e3)
+        rpc(ch, pb, "Controller", "DeleteVolume", pb.DeleteVolumeRequest(volume_id=vid))
+        print(f"{args.runs} runs, milliseconds, from a Python gRPC client "
+              f"(round trip included)")
+        print(f"{'rpc':<22}{'median':>9}{'p90':>9}{'p99':>9}{'max':>9}")
+        for name, xs in (("NodeStageVolume", stage), ("NodePublishVolume", publish)):
+            print(f"{name:<22}{statistics.median(xs):9.2f}{pct(xs, 90):9.2f}"
+                  f"{pct(xs, 99):9.2f}{max(xs):9.2f}")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"stage_ms": stage, "publish_ms": publish}, f)
+    finally:
+        ch.close()
+        plugin.send_signal(signal.SIGTERM)
+        plugin.wait(timeout=30)
+        log.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
