@@ -51,6 +51,7 @@ struct csi_config {
 	unsigned modes;		/* enum csi_mode bits */
 	int64_t max_volumes;	/* 0: no limit */
 	int workers;		/* threads polling the completion queue */
+	char *metrics_address;	/* HOST:PORT for Prometheus, or NULL */
 };
 
 /* The store's directories, opened once; paths are only for messages. */
@@ -248,6 +249,7 @@ int csi_volume_usage(struct csi_store *s, const char *id, int64_t *bytes,
 int csi_state_load(struct csi_store *s, const char *id, struct csi_node_vol *n);
 int csi_state_save(struct csi_store *s, const struct csi_node_vol *n);
 int csi_state_remove(struct csi_store *s, const char *id);
+void csi_state_remove_stats(struct csi_store *s, const char *id);
 int csi_state_list(struct csi_store *s, char ***ids, int *count);
 void csi_state_free(struct csi_node_vol *n);
 struct csi_target *csi_state_target(struct csi_node_vol *n, const char *path);
@@ -272,6 +274,19 @@ int csi_daemon_start(struct csi_plugin *p, const struct csi_volume *v,
 int csi_daemon_stop(struct csi_plugin *p, struct csi_node_vol *n);
 bool csi_daemon_alive(const struct csi_node_vol *n);
 unsigned long long csi_daemon_starttime(pid_t pid);
+
+/* metrics.c */
+enum csi_event {
+	CSI_EV_DAEMON_START,
+	CSI_EV_DAEMON_EXIT,
+	CSI_EV_DAEMON_RESTART,
+	CSI_EV_COUNT,
+};
+int csi_metrics_start(struct csi_plugin *p, const char *addr);
+void csi_metrics_stop(void);
+void csi_metrics_rpc(const struct csi_method *m, grpc_status_code code,
+		     double seconds);
+void csi_metrics_event(enum csi_event ev);
 
 /* reconcile.c */
 int csi_reconcile(struct csi_plugin *p);

@@ -114,7 +114,7 @@ static int csi_daemon_opts(struct csi_plugin *p, const struct csi_volume *v,
 			   size_t size)
 {
 	struct csi_store *s = &p->store;
-	size_t cap = 256 + 3 * strlen(s->root) + 32 * (v->nlayers + 1);
+	size_t cap = 320 + 4 * strlen(s->root) + 32 * (v->nlayers + 1);
 	char *o = malloc(cap);
 	size_t len;
 
@@ -142,8 +142,8 @@ static int csi_daemon_opts(struct csi_plugin *p, const struct csi_volume *v,
 	if (!v->nlayers)
 		len += snprintf(o + len, cap - len, "%s/empty", s->root);
 	snprintf(o + len, cap - len,
-		 ",upperdir=%s/volumes/%s/upper,workdir=%s/volumes/%s/work,allow_other",
-		 s->root, v->id, s->root, v->id);
+		 ",upperdir=%s/volumes/%s/upper,workdir=%s/volumes/%s/work,allow_other,statsfile=%s/node/%s.stats",
+		 s->root, v->id, s->root, v->id, s->root, v->id);
 	*opts = o;
 	return 0;
 }
@@ -209,6 +209,7 @@ int csi_daemon_start(struct csi_plugin *p, const struct csi_volume *v,
 		    !strcmp(fstype, "fuse.stratafs") && !csi_mount_alive(staging)) {
 			n->pid = pid;
 			n->starttime = csi_daemon_starttime(pid);
+			csi_metrics_event(CSI_EV_DAEMON_START);
 			ret = 0;
 			break;
 		}
@@ -293,6 +294,7 @@ int csi_daemon_stop(struct csi_plugin *p, struct csi_node_vol *n)
 			csi_daemon_wait(n, pidfd, -1);
 		}
 	}
+	csi_metrics_event(CSI_EV_DAEMON_EXIT);
 out_close:
 	if (pidfd >= 0)
 		close(pidfd);

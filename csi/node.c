@@ -307,6 +307,7 @@ static void csi_node_unstage(struct csi_plugin *p, const ProtobufCMessage *msg,
 		csi_reply_errno(r, ret, "removing the node record");
 		goto out;
 	}
+	csi_state_remove_stats(&p->store, nr.id);
 	strata_info("volume %s unstaged from %s", nr.id, n.staging);
 	csi_reply_ok(r, (void *)&csi_unstage_out);
 out:

@@ -68,9 +68,12 @@ int csi_heal(struct csi_plugin *p, const struct csi_volume *v,
 		umount2(n->staging, MNT_DETACH | UMOUNT_NOFOLLOW);
 	if (csi_daemon_alive(n))
 		csi_daemon_stop(p, n);
+	else
+		csi_metrics_event(CSI_EV_DAEMON_EXIT);
 	ret = csi_daemon_start(p, v, n->staging, n, why, size);
 	if (ret)
 		return ret;
+	csi_metrics_event(CSI_EV_DAEMON_RESTART);
 	ret = csi_rebind(n, why, size);
 	if (ret)
 		return ret;

@@ -164,6 +164,7 @@ static void csi_call_log(struct csi_call *c)
 {
 	char *method = grpc_slice_to_c_string(c->details.method);
 	const char *name = strrchr(method, '/');
+	double ms = csi_elapsed_ms(&c->start);
 	char dur[32];
 	const char *kv[] = {
 		"method", name ? name + 1 : method,
@@ -174,7 +175,8 @@ static void csi_call_log(struct csi_call *c)
 		NULL,
 	};
 
-	snprintf(dur, sizeof(dur), "%.2f", csi_elapsed_ms(&c->start));
+	snprintf(dur, sizeof(dur), "%.2f", ms);
+	csi_metrics_rpc(c->method, c->reply.code, ms / 1e3);
 	strata_log_kv(c->reply.code == GRPC_STATUS_OK ||
 				      c->reply.code == GRPC_STATUS_UNIMPLEMENTED ?
 			      STRATA_LOG_INFO :

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "csi.h"
 
@@ -124,6 +125,15 @@ int csi_state_remove(struct csi_store *s, const char *id)
 
 	snprintf(name, sizeof(name), "%s.json", id);
 	return csi_record_remove(s->node_fd, name);
+}
+
+/* The counters of a daemon that is gone would be reported as a volume's. */
+void csi_state_remove_stats(struct csi_store *s, const char *id)
+{
+	char name[64];
+
+	snprintf(name, sizeof(name), "%s.stats", id);
+	unlinkat(s->node_fd, name, 0);
 }
 
 int csi_state_list(struct csi_store *s, char ***ids, int *count)

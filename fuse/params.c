@@ -30,6 +30,7 @@ static const struct fuse_opt sfs_opt_spec[] = {
 	FUSE_OPT_KEY("workdir=", KEY_STRING),
 	FUSE_OPT_KEY("io=", KEY_STRING),
 	FUSE_OPT_KEY("timeout=", KEY_STRING),
+	FUSE_OPT_KEY("statsfile=", KEY_STRING),
 	SFS_OPT("userxattr", userxattr),
 	FUSE_OPT_KEY("-h", KEY_HELP),
 	FUSE_OPT_KEY("--help", KEY_HELP),
@@ -56,6 +57,7 @@ static int sfs_opt_string(struct sfs_params *p, const char *arg)
 		{ "workdir=", offsetof(struct sfs_params, workdir) },
 		{ "io=", offsetof(struct sfs_params, io) },
 		{ "timeout=", offsetof(struct sfs_params, timeout) },
+		{ "statsfile=", offsetof(struct sfs_params, statsfile) },
 	};
 
 	for (size_t i = 0; i < sizeof(opts) / sizeof(opts[0]); i++) {
@@ -205,6 +207,7 @@ void sfs_params_free(struct sfs_params *p)
 	free(p->workdir);
 	free(p->io);
 	free(p->timeout);
+	free(p->statsfile);
 	free(p->source);
 	free(p->mountpoint);
 }
@@ -291,6 +294,8 @@ void sfs_usage(const char *prog)
 	       "    -o timeout=SECONDS  how long the kernel may cache names and\n"
 	       "                        attributes (default 86400: nothing changes\n"
 	       "                        the layers behind the daemon; 0 if something does)\n"
+	       "    -o statsfile=FILE   export operation and byte counters in FILE\n"
+	       "                        (a small binary file the CSI plugin reads)\n"
 	       "    -o allow_other      let other users into the mount\n"
 	       "    -f                  stay in the foreground\n"
 	       "    -d                  debug output (implies -f)\n"

@@ -44,6 +44,7 @@ struct sfs_params {
 	char *workdir;
 	char *io;		/* "uring" (default) or "sync" */
 	char *timeout;		/* kernel cache timeout, seconds */
+	char *statsfile;	/* where counters are exported, or NULL */
 	/* ints, not bools: fuse_opt stores flag options as int */
 	int userxattr;
 	int foreground;
@@ -383,6 +384,17 @@ void sfs_io_copy_file(fuse_req_t req, int in, off_t off_in, int out,
 int sfs_io_copy_range(int in, int out, off_t off, size_t len);
 ssize_t sfs_io_pread(int fd, void *buf, size_t len, off_t off);
 ssize_t sfs_io_pwrite(int fd, const void *buf, size_t len, off_t off);
+
+/* stats.c */
+extern struct strata_stats *sfs_stats;
+int sfs_stats_open(const char *path);
+void sfs_stats_close(void);
+
+static inline void sfs_count(enum strata_stat what, uint64_t n)
+{
+	if (sfs_stats)
+		__atomic_fetch_add(&sfs_stats->v[what], n, __ATOMIC_RELAXED);
+}
 
 /* util.c */
 void sfs_handles_init(void);

@@ -8,7 +8,7 @@ PKGS=(
 	build-essential autoconf automake libtool pkg-config
 	libfuse3-dev fuse3 liburing-dev libmount-dev
 	libprotobuf-c-dev protobuf-c-compiler libgrpc-dev protobuf-compiler libprotobuf-dev
-	libjson-c-dev
+	libjson-c-dev libmicrohttpd-dev
 	python3 python3-pytest python3-grpcio python3-protobuf
 	attr acl util-linux kmod fuse-overlayfs fio valgrind
 )

@@ -38,6 +38,8 @@ static void csi_usage(FILE *f)
 		"                       else from PATH)\n"
 		"  -v N                 verbosity: 0 warnings, 1-4 info (default), 5 debug\n"
 		"  --log-format FMT     text (default) or json\n"
+		"  --metrics-address A  serve Prometheus metrics at http://A/metrics\n"
+		"                       (HOST:PORT, [V6]:PORT or :PORT)\n"
 		"  --version            print the version and exit\n"
 		"  --help               print this help and exit\n",
 		CSI_DEFAULT_ROOT, CSI_DEFAULT_DRIVER);
@@ -128,6 +130,7 @@ static int csi_parse_args(int argc, char **argv, struct csi_config *c,
 		{ "max-volumes", required_argument, NULL, 'x' },
 		{ "stratafs", required_argument, NULL, 's' },
 		{ "log-format", required_argument, NULL, 'l' },
+		{ "metrics-address", required_argument, NULL, 'M' },
 		{ "version", no_argument, NULL, 'V' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
@@ -176,6 +179,10 @@ static int csi_parse_args(int argc, char **argv, struct csi_config *c,
 				return 2;
 			}
 			*json = !strcmp(optarg, "json");
+			break;
+		case 'M':
+			free(c->metrics_address);
+			c->metrics_address = strdup(optarg);
 			break;
 		case 'v':
 			strata_log_init("strata-csi", atoi(optarg) <= 0 ? STRATA_LOG_WARN :
@@ -243,6 +250,7 @@ static void csi_config_free(struct csi_config *c)
 	free(c->root);
 	free(c->driver_name);
 	free(c->stratafs);
+	free(c->metrics_address);
 }
 
 int main(int argc, char **argv)
@@ -281,14 +289,21 @@ int main(int argc, char **argv)
 	/* a client that hangs up must not kill the plugin */
 	signal(SIGPIPE, SIG_IGN);
 	grpc_init();
+	ret = csi_metrics_start(&p, p.cfg.metrics_address);
+	if (ret) {
+		ret = 1;
+		goto out_grpc;
+	}
 	ret = csi_watch_start(&p);
 	if (ret) {
 		strata_err("cannot start the watcher: %s", strerror(-ret));
+		csi_metrics_stop();
 		ret = 1;
 		goto out_grpc;
 	}
 	ret = csi_server_run(&p, &stop) ? 1 : 0;
 	csi_watch_stop(&p);
+	csi_metrics_stop();
 	unlink(p.cfg.socket_path);
 out_grpc:
 	grpc_shutdown_blocking();

@@ -5,6 +5,7 @@
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 enum strata_log_level {
 	STRATA_LOG_ERR,
@@ -32,6 +33,38 @@ int strata_log_format(char *buf, size_t size, int level, const char *fmt,
 		if (strata_log_level() >= STRATA_LOG_DEBUG)        \
 			strata_log(STRATA_LOG_DEBUG, __VA_ARGS__); \
 	} while (0)
+
+/*
+ * The counters a stratafs daemon exports with -o statsfile=FILE: the file
+ * is mapped shared, the daemon bumps the counters with relaxed atomics,
+ * and the CSI plugin reads them when scraped. New counters go at the end.
+ */
+#define STRATA_STATS_MAGIC 0x31545353u /* "SST1" */
+enum strata_stat {
+	STRATA_ST_LOOKUP, STRATA_ST_GETATTR, STRATA_ST_SETATTR,
+	STRATA_ST_READLINK, STRATA_ST_MKNOD, STRATA_ST_MKDIR,
+	STRATA_ST_SYMLINK, STRATA_ST_LINK, STRATA_ST_UNLINK, STRATA_ST_RMDIR,
+	STRATA_ST_RENAME, STRATA_ST_CREATE, STRATA_ST_OPEN, STRATA_ST_READ,
+	STRATA_ST_WRITE, STRATA_ST_FLUSH, STRATA_ST_RELEASE, STRATA_ST_FSYNC,
+	STRATA_ST_FALLOCATE, STRATA_ST_LSEEK, STRATA_ST_COPY_FILE_RANGE,
+	STRATA_ST_OPENDIR, STRATA_ST_READDIR, STRATA_ST_READDIRPLUS,
+	STRATA_ST_RELEASEDIR, STRATA_ST_FSYNCDIR, STRATA_ST_STATFS,
+	STRATA_ST_SETXATTR, STRATA_ST_GETXATTR, STRATA_ST_LISTXATTR,
+	STRATA_ST_REMOVEXATTR, STRATA_ST_FORGET,
+	STRATA_ST_NOPS, /* above: FUSE operations; below: other counters */
+	STRATA_ST_READ_BYTES = STRATA_ST_NOPS,
+	STRATA_ST_WRITE_BYTES,
+	STRATA_ST_COUNT,
+};
+
+struct strata_stats {
+	uint32_t magic;
+	uint32_t count; /* counters in this file: readers of another build */
+	uint64_t v[STRATA_ST_COUNT];
+};
+
+/* stats.c */
+extern const char *const strata_stat_names[STRATA_ST_COUNT];
 
 /* fsutil.c */
 int strata_rmtree_at(int parent, const char *name);

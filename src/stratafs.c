@@ -98,6 +98,15 @@ int main(int argc, char *argv[])
 	sfs_raise_nofile();
 	if (sfs_setup(&fs) < 0)
 		goto out_fs;
+	if (fs.params.statsfile) {
+		int err = sfs_stats_open(fs.params.statsfile);
+
+		if (err) {
+			fprintf(stderr, "stratafs: statsfile %s: %s\n",
+				fs.params.statsfile, strerror(-err));
+			goto out_fs;
+		}
+	}
 
 	/*
 	 * Root mounts like the kernel's overlayfs: device nodes and setuid
@@ -148,6 +157,7 @@ out_signals:
 out_session:
 	fuse_session_destroy(se);
 out_fs:
+	sfs_stats_close();
 	sfs_teardown(&fs);
 out_args:
 	sfs_params_free(&fs.params);
