@@ -85,6 +85,7 @@ static void sfs_node_close(struct sfs_node *n)
 	free(n->lower);
 	free(n->name);
 	free(n->redirect);
+	sfs_dir_drop_listing(n);
 	pthread_mutex_destroy(&n->lock);
 }
 

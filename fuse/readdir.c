@@ -4,8 +4,16 @@
  * OCI ".wh." markers too. d_ino is computed exactly as lookup computes
  * st_ino, so `ls -i` and `stat` agree.
  *
- * An open directory lists once and serves from that snapshot; a rewind
- * (offset 0) lists again, as POSIX wants rewinddir to.
+ * A name's offset is a hash of the name, and a listing is served in
+ * offset order: the same name has the same offset in every listing of
+ * the directory. So a stream continued from a later listing than the one
+ * it started from still shows every name that existed all along exactly
+ * once, and the kernel's readdir cache, which it may fill from several
+ * streams of one directory, cannot duplicate or lose a name either.
+ * That makes one listing per directory (not per open) enough: it is
+ * kept on the node while a stream is under way and rebuilt when an
+ * entry changed; a stream that starts over (offset 0) always lists
+ * again, as POSIX wants rewinddir to.
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -18,6 +26,11 @@
 #include "stratafs.h"
 
 #define WH_OPAQUE_NAME ".wh..wh..opq"
+/* "." and ".." come first; every other offset is above them */
+#define SFS_OFF_DOT 1
+#define SFS_OFF_DOTDOT 2
+/* listings kept between a stream's requests: at most this many entries */
+#define SFS_LISTED_MAX (256 * 1024)
 
 /* An open-addressing set of names, for dedup across layers. */
 struct sfs_nameset {
@@ -66,6 +79,49 @@ static int sfs_nameset_add(struct sfs_nameset *set, char *name)
 	return 1;
 }
 
+/* A name's offset: the same in every listing, above "." and "..". */
+static off_t sfs_name_off(const char *name, size_t index)
+{
+	uint64_t h;
+
+	if (index <= 1)
+		return index ? SFS_OFF_DOTDOT : SFS_OFF_DOT;
+	/* FNV-1a's high bits mix poorly: finish it as murmur3 does */
+	h = sfs_name_hash(name);
+	h ^= h >> 33;
+	h *= 0xff51afd7ed558ccdULL;
+	h ^= h >> 33;
+	h *= 0xc4ceb9fe1a85ec53ULL;
+	h ^= h >> 33;
+	/* positive as an off_t, with room above for colliding names */
+	h >>= 2;
+	return h > SFS_OFF_DOTDOT ? (off_t)h : SFS_OFF_DOTDOT + 1;
+}
+
+static int sfs_dirent_cmp(const void *a, const void *b)
+{
+	const struct sfs_dirent *x = a, *y = b;
+
+	if (x->off != y->off)
+		return x->off < y->off ? -1 : 1;
+	return strcmp(x->name, y->name);
+}
+
+/*
+ * Sorts the names after "." and ".." by offset. Names with one hash (a
+ * chance of about count^2 / 2^62) get consecutive offsets: only while
+ * both exist are those two offsets stable.
+ */
+static void sfs_dirents_order(struct sfs_dirent *ents, size_t count)
+{
+	if (count <= 3)
+		return;
+	qsort(ents + 2, count - 2, sizeof(*ents), sfs_dirent_cmp);
+	for (size_t i = 3; i < count; i++)
+		if (ents[i].off <= ents[i - 1].off)
+			ents[i].off = ents[i - 1].off + 1;
+}
+
 struct sfs_lister {
 	struct sfs_nameset seen;
 	char **owned;		/* hidden names the set points into */
@@ -99,7 +155,9 @@ static int sfs_lister_push(struct sfs_lister *l, const char *name,
 		free(dup);
 		return ret;
 	}
-	l->ents[l->count++] = (struct sfs_dirent){ dup, ino, type };
+	l->ents[l->count] = (struct sfs_dirent){ dup, ino, type,
+						 sfs_name_off(dup, l->count) };
+	l->count++;
 	return 0;
 }
 
@@ -293,69 +351,153 @@ int sfs_dir_check_empty(struct sfs_node *dir)
 	return count > 2 ? -ENOTEMPTY : 0;
 }
 
+/* The kernel lists and caches directories itself between changes. */
 void sfs_op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
-	struct sfs_node *n = sfs_node_get(ino);
-	struct sfs_dir *d = calloc(1, sizeof(*d));
-
-	if (!d) {
-		fuse_reply_err(req, ENOMEM);
+	if (sfs->dir_cache == SFS_DIR_CACHE_NO_OPENDIR) {
+		/* from now on the kernel opens directories itself, cached */
+		fuse_reply_err(req, ENOSYS);
 		return;
 	}
-	pthread_mutex_init(&d->lock, NULL);
-	sfs_node_ref(n);
-	d->node = n;
-	sfs_handle_add(&sfs->dirs, &d->link);
-	fi->fh = (uintptr_t)d;
-	if (fuse_reply_open(req, fi) != 0)
-		sfs_dir_close(d);
+	if (sfs->dir_cache == SFS_DIR_CACHE_ON) {
+		fi->cache_readdir = 1;
+		fi->keep_cache = 1;
+	}
+	fuse_reply_open(req, fi);
 }
 
-static int sfs_dir_load(struct sfs_dir *d, off_t off)
+static void sfs_listing_put(struct sfs_listing *l)
 {
+	if (atomic_fetch_sub(&l->refs, 1) == 1) {
+		sfs_dirents_free(l->ents, l->count);
+		free(l);
+	}
+}
+
+static int sfs_listing_build(struct sfs_node *dir, struct sfs_listing **out)
+{
+	struct sfs_listing *l = calloc(1, sizeof(*l));
 	int ret;
 
-	if (d->loaded && off != 0)
-		return 0;
-	if (d->loaded) {
-		sfs_dirents_free(d->ents, d->count);
-		d->ents = NULL;
-		d->count = 0;
-		d->loaded = false;
-	}
+	if (!l)
+		return -ENOMEM;
+	atomic_init(&l->refs, 1);
 	/* read before listing: a change racing the listing makes it stale */
-	d->gen = atomic_load(&d->node->dir_gen);
-	ret = sfs_dir_list(d->node, &d->ents, &d->count);
-	if (ret < 0)
+	l->gen = atomic_load(&dir->dir_gen);
+	ret = sfs_dir_list(dir, &l->ents, &l->count);
+	if (ret < 0) {
+		free(l);
 		return ret;
-	d->loaded = true;
+	}
+	sfs_dirents_order(l->ents, l->count);
+	*out = l;
 	return 0;
 }
 
+/* The listing the node keeps, referenced, if no entry changed since. */
+static struct sfs_listing *sfs_listing_kept(struct sfs_node *dir)
+{
+	struct sfs_listing *l;
+
+	pthread_mutex_lock(&dir->lock);
+	l = dir->listing;
+	if (l && l->gen == atomic_load(&dir->dir_gen))
+		atomic_fetch_add(&l->refs, 1);
+	else
+		l = NULL;
+	pthread_mutex_unlock(&dir->lock);
+	return l;
+}
+
+static void sfs_listing_detach(struct sfs_node *dir, struct sfs_listing *l)
+{
+	dir->listing = NULL;
+	atomic_fetch_sub(&sfs->listed, (long)l->count);
+}
+
+/*
+ * After a request served from l: a stream that goes on keeps l on the
+ * node for its next request (unless the kept listings would grow past
+ * their bound: then it lists again); one that has reached its end lets
+ * it go, so a listing lives only while a stream is under way.
+ */
+static void sfs_listing_keep(struct sfs_node *dir, struct sfs_listing *l,
+			     bool more)
+{
+	struct sfs_listing *drop = NULL;
+
+	pthread_mutex_lock(&dir->lock);
+	if (more && dir->listing != l) {
+		drop = dir->listing;
+		if (drop)
+			sfs_listing_detach(dir, drop);
+		if (atomic_load(&sfs->listed) + (long)l->count <=
+		    SFS_LISTED_MAX) {
+			atomic_fetch_add(&l->refs, 1);
+			atomic_fetch_add(&sfs->listed, (long)l->count);
+			dir->listing = l;
+		}
+	} else if (!more && dir->listing == l) {
+		drop = l;
+		sfs_listing_detach(dir, l);
+	}
+	pthread_mutex_unlock(&dir->lock);
+	if (drop)
+		sfs_listing_put(drop);
+}
+
+/* The node is being freed: nothing else can reach it. */
+void sfs_dir_drop_listing(struct sfs_node *dir)
+{
+	struct sfs_listing *l = dir->listing;
+
+	if (l) {
+		sfs_listing_detach(dir, l);
+		sfs_listing_put(l);
+	}
+}
+
+/* The index of the first entry after offset OFF. */
+static size_t sfs_listing_seek(const struct sfs_listing *l, off_t off)
+{
+	size_t lo = 0, hi = l->count;
+
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+
+		if (l->ents[mid].off <= off)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
 /* One readdirplus entry: a full lookup, counted only if it fits. */
-static size_t sfs_add_plus(fuse_req_t req, struct sfs_dir *d, char *p,
-			   size_t rem, const struct sfs_dirent *de, off_t next,
-			   bool *skip)
+static size_t sfs_add_plus(fuse_req_t req, struct sfs_node *dir,
+			   const struct sfs_listing *l, char *p, size_t rem,
+			   const struct sfs_dirent *de, bool *skip)
 {
 	struct fuse_entry_param e;
 	struct sfs_node *n;
 	size_t len;
 
 	*skip = false;
-	if (!strcmp(de->name, ".") || !strcmp(de->name, "..")) {
+	if (de->off <= SFS_OFF_DOTDOT) {
 		memset(&e, 0, sizeof(e));
 		e.attr.st_ino = de->ino;
 		e.attr.st_mode = DTTOIF(de->type);
-		return fuse_add_direntry_plus(req, p, rem, de->name, &e, next);
+		return fuse_add_direntry_plus(req, p, rem, de->name, &e,
+					      de->off);
 	}
 	/*
 	 * While no entry of the directory has changed since the listing,
 	 * its d_ino names the very node behind each name: one the kernel
 	 * already holds needs no lookup through the layers.
 	 */
-	n = atomic_load(&d->node->dir_gen) == d->gen ?
+	n = atomic_load(&dir->dir_gen) == l->gen ?
 		    sfs_node_find(de->ino, DTTOIF(de->type)) : NULL;
-	if (!n && sfs_lookup_node(d->node, de->name, &n) < 0) {
+	if (!n && sfs_lookup_node(dir, de->name, &n) < 0) {
 		*skip = true;	/* gone since the listing */
 		return 0;
 	}
@@ -364,53 +506,48 @@ static size_t sfs_add_plus(fuse_req_t req, struct sfs_dir *d, char *p,
 		*skip = true;
 		return 0;
 	}
-	len = fuse_add_direntry_plus(req, p, rem, de->name, &e, next);
+	len = fuse_add_direntry_plus(req, p, rem, de->name, &e, de->off);
 	if (len <= rem)
 		sfs_node_lookup_inc(n);
 	sfs_node_release(n);
 	return len;
 }
 
-static void sfs_do_readdir(fuse_req_t req, size_t size, off_t off,
-			   struct fuse_file_info *fi, bool plus)
+static void sfs_do_readdir(fuse_req_t req, fuse_ino_t ino, size_t size,
+			   off_t off, bool plus)
 {
-	struct sfs_dir *d = (struct sfs_dir *)(uintptr_t)fi->fh;
-	char *buf = malloc(size), *p;
-	size_t rem = size;
-	int ret;
+	struct sfs_listing *l = NULL;
+	struct sfs_node *dir;
+	char *buf = NULL, *p;
+	size_t rem = size, i;
+	int ret = sfs_node_get_pinned(ino, &dir);
 
+	if (ret < 0)
+		goto out_err;
+	buf = malloc(size);
 	if (!buf) {
-		fuse_reply_err(req, ENOMEM);
-		return;
+		ret = -ENOMEM;
+		goto out_unpin;
 	}
-	ret = sfs_node_pin(d->node);
-	if (ret < 0) {
-		free(buf);
-		sfs_reply_err(req, ret);
-		return;
-	}
-	pthread_mutex_lock(&d->lock);
-	ret = sfs_dir_load(d, off);
-	if (ret < 0) {
-		pthread_mutex_unlock(&d->lock);
-		sfs_node_unpin(d->node);
-		free(buf);
-		sfs_reply_err(req, ret);
-		return;
-	}
+	/* a stream that starts over lists again */
+	l = off ? sfs_listing_kept(dir) : NULL;
+	if (!l)
+		ret = sfs_listing_build(dir, &l);
+	if (ret < 0)
+		goto out_unpin;
 	p = buf;
-	for (size_t i = off; i < d->count; i++) {
-		const struct sfs_dirent *de = &d->ents[i];
+	for (i = sfs_listing_seek(l, off); i < l->count; i++) {
+		const struct sfs_dirent *de = &l->ents[i];
 		struct stat st = { .st_ino = de->ino,
 				   .st_mode = DTTOIF(de->type) };
 		bool skip = false;
 		size_t len;
 
 		if (plus)
-			len = sfs_add_plus(req, d, p, rem, de, i + 1, &skip);
+			len = sfs_add_plus(req, dir, l, p, rem, de, &skip);
 		else
 			len = fuse_add_direntry(req, p, rem, de->name, &st,
-						i + 1);
+						de->off);
 		if (skip)
 			continue;
 		if (len > rem)
@@ -418,38 +555,36 @@ static void sfs_do_readdir(fuse_req_t req, size_t size, off_t off,
 		p += len;
 		rem -= len;
 	}
-	pthread_mutex_unlock(&d->lock);
-	sfs_node_unpin(d->node);
+	/* the stream ends with an empty reply: keep the listing until then */
+	sfs_listing_keep(dir, l, rem < size);
+	sfs_listing_put(l);
+	sfs_node_unpin(dir);
 	fuse_reply_buf(req, buf, size - rem);
 	free(buf);
+	return;
+
+out_unpin:
+	sfs_node_unpin(dir);
+out_err:
+	free(buf);
+	sfs_reply_err(req, ret);
 }
 
 void sfs_op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 		    struct fuse_file_info *fi)
 {
-	sfs_do_readdir(req, size, off, fi, false);
+	sfs_do_readdir(req, ino, size, off, false);
 }
 
 void sfs_op_readdirplus(fuse_req_t req, fuse_ino_t ino, size_t size,
 			off_t off, struct fuse_file_info *fi)
 {
-	sfs_do_readdir(req, size, off, fi, true);
-}
-
-void sfs_dir_close(struct sfs_dir *d)
-{
-	sfs_handle_del(&d->link);
-	if (d->loaded)
-		sfs_dirents_free(d->ents, d->count);
-	sfs_node_unref(d->node);
-	pthread_mutex_destroy(&d->lock);
-	free(d);
+	sfs_do_readdir(req, ino, size, off, true);
 }
 
 void sfs_op_releasedir(fuse_req_t req, fuse_ino_t ino,
 		       struct fuse_file_info *fi)
 {
-	sfs_dir_close((struct sfs_dir *)(uintptr_t)fi->fh);
 	fuse_reply_err(req, 0);
 }
 

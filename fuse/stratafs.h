@@ -100,6 +100,7 @@ struct sfs_node {
 	int64_t subdirs;	/* merged dir: cached subdir count, -1 unknown */
 	atomic_ulong dir_gen;	/* dir: bumped whenever an entry changes */
 	int64_t index_nlink;	/* indexed: visible names, -1 not loaded */
+	struct sfs_listing *listing;	/* dir: kept while a stream reads */
 };
 
 /*
@@ -108,6 +109,12 @@ struct sfs_node {
  */
 struct sfs_hlink {
 	struct sfs_hlink *prev, *next;
+};
+
+enum sfs_dir_cache {
+	SFS_DIR_CACHE_OFF,	/* every opendir and readdir reaches us */
+	SFS_DIR_CACHE_ON,	/* opendir does, readdir until cached */
+	SFS_DIR_CACHE_NO_OPENDIR,	/* neither opendir nor a cached readdir */
 };
 
 struct sfs_fs {
@@ -129,8 +136,7 @@ struct sfs_fs {
 	_Atomic uint64_t tmp_seq;
 
 	pthread_mutex_t handles_lock;
-	struct sfs_hlink files;	/* list heads */
-	struct sfs_hlink dirs;
+	struct sfs_hlink files;	/* list head */
 
 	pthread_mutex_t table_lock;
 	struct sfs_node **table;
@@ -144,6 +150,8 @@ struct sfs_fs {
 	size_t evict_hand;	/* clock hand over the table, under table_lock */
 
 	double timeout;		/* entry and attr timeout for the kernel */
+	enum sfs_dir_cache dir_cache;	/* how the kernel caches listings */
+	atomic_long listed;	/* entries in listings kept on nodes */
 	struct fuse_session *se;
 };
 
@@ -158,21 +166,20 @@ struct sfs_file {
 	struct sfs_node *node;	/* referenced */
 };
 
-/* An open directory: a snapshot of the merged listing. */
+/* One name of a merged listing. */
 struct sfs_dirent {
 	char *name;
 	uint64_t ino;
 	unsigned char type;	/* DT_* */
+	off_t off;		/* the name's offset, stable across listings */
 };
 
-struct sfs_dir {
-	struct sfs_hlink link;	/* first: the list holds these */
-	pthread_mutex_t lock;
-	struct sfs_node *node;	/* referenced */
-	struct sfs_dirent *ents;
-	size_t count;
+/* A directory's merged listing, in offset order. */
+struct sfs_listing {
+	atomic_int refs;
 	unsigned long gen;	/* the directory's generation at listing */
-	bool loaded;
+	size_t count;
+	struct sfs_dirent *ents;
 };
 
 /* A lookup's result before it becomes a node. */
@@ -292,7 +299,7 @@ void sfs_op_readdirplus(fuse_req_t req, fuse_ino_t ino, size_t size,
 			off_t off, struct fuse_file_info *fi);
 void sfs_op_releasedir(fuse_req_t req, fuse_ino_t ino,
 		       struct fuse_file_info *fi);
-void sfs_dir_close(struct sfs_dir *d);
+void sfs_dir_drop_listing(struct sfs_node *dir);
 void sfs_op_fsyncdir(fuse_req_t req, fuse_ino_t ino, int datasync,
 		     struct fuse_file_info *fi);
 

@@ -315,8 +315,6 @@ void sfs_teardown(struct sfs_fs *fs)
 		/* handles the kernel never released (unmounted under them) */
 		while ((h = sfs_handle_first(&fs->files)))
 			sfs_file_close((struct sfs_file *)h);
-		while ((h = sfs_handle_first(&fs->dirs)))
-			sfs_dir_close((struct sfs_dir *)h);
 		sfs_table_destroy(fs);
 		pthread_mutex_destroy(&fs->handles_lock);
 	}
@@ -350,6 +348,15 @@ static void sfs_op_init(void *userdata, struct fuse_conn_info *conn)
 	/* see sfs_file_killpriv: no GETXATTR round trip before each write */
 	if (conn->capable & FUSE_CAP_HANDLE_KILLPRIV)
 		conn->want |= FUSE_CAP_HANDLE_KILLPRIV;
+	/*
+	 * Every change comes through the mount, and the kernel drops a
+	 * directory's cached listing when it makes one there: let it list
+	 * directories from its cache, and open them without asking us.
+	 */
+	if (sfs->timeout > 0)
+		sfs->dir_cache = (conn->capable & FUSE_CAP_NO_OPENDIR_SUPPORT) ?
+					 SFS_DIR_CACHE_NO_OPENDIR :
+					 SFS_DIR_CACHE_ON;
 	if (conn->capable & FUSE_CAP_SPLICE_WRITE)
 		conn->want |= FUSE_CAP_SPLICE_WRITE;
 	if (conn->capable & FUSE_CAP_SPLICE_READ)

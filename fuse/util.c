@@ -106,7 +106,6 @@ void sfs_handles_init(void)
 {
 	pthread_mutex_init(&sfs->handles_lock, NULL);
 	sfs->files.prev = sfs->files.next = &sfs->files;
-	sfs->dirs.prev = sfs->dirs.next = &sfs->dirs;
 }
 
 void sfs_handle_add(struct sfs_hlink *head, struct sfs_hlink *h)

@@ -13,6 +13,37 @@ static bool has(struct sfs_dirent *e, size_t n, const char *name)
 	return false;
 }
 
+static off_t off_of(struct sfs_dirent *e, size_t n, const char *name)
+{
+	for (size_t i = 0; i < n; i++)
+		if (!strcmp(e[i].name, name))
+			return e[i].off;
+	return -1;
+}
+
+/* Offsets are unique, "." and ".." first, and a name keeps its offset. */
+static void check_offsets(struct fixture *fx)
+{
+	struct sfs_dirent *a, *b;
+	size_t na, nb;
+
+	CHECK_EQ_INT(sfs_dir_list(&fx->fs.root, &a, &na), 0);
+	CHECK_EQ_INT(a[0].off, 1);
+	CHECK_EQ_INT(a[1].off, 2);
+	for (size_t i = 2; i < na; i++) {
+		CHECK(a[i].off > 2);
+		for (size_t j = 2; j < i; j++)
+			CHECK(a[i].off != a[j].off);
+	}
+	fx_file(fx, "u/new", "");
+	CHECK_EQ_INT(sfs_dir_list(&fx->fs.root, &b, &nb), 0);
+	CHECK_EQ_INT(nb, na + 1);
+	for (size_t i = 0; i < na; i++)
+		CHECK_EQ_INT(off_of(b, nb, a[i].name), a[i].off);
+	sfs_dirents_free(a, na);
+	sfs_dirents_free(b, nb);
+}
+
 int main(void)
 {
 	struct sfs_dirent *ents;
@@ -60,6 +91,7 @@ int main(void)
 		CHECK_EQ_INT(ents[i].type, DT_REG);
 	}
 	sfs_dirents_free(ents, count);
+	check_offsets(&fx);
 
 	CHECK_EQ_INT(sfs_dir_count_subdirs(&fx.fs.root, &subdirs), 0);
 	CHECK_EQ_INT(subdirs, 4);
