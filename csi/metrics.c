@@ -115,10 +115,12 @@ static void csi_scrape_rpc(FILE *f)
 		for (int c = 0; c < CSI_NCODES; c++) {
 			struct csi_rpc_stat *s = &csi_m.rpc[i][c];
 			unsigned long long n = atomic_load(&s->count), cum = 0;
-			const char *mn = csi_method_name(i), *cn = csi_code_name(c);
+			const char *mn, *cn;
 
 			if (!n)
 				continue;
+			mn = csi_method_name(i);
+			cn = csi_code_name(c);
 			for (size_t b = 0; b < CSI_NBUCKETS; b++) {
 				cum += atomic_load(&s->bucket[b]);
 				fprintf(f, "strata_csi_rpc_duration_seconds_bucket{method=\"%s\",code=\"%s\",le=\"%g\"} %llu\n",

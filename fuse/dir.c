@@ -170,6 +170,7 @@ void sfs_op_mknod(fuse_req_t req, fuse_ino_t parent, const char *name,
 	int ret = sfs_create_entry(req, parent, name, mode, rdev,
 				   NULL, &n);
 
+	sfs_count(STRATA_ST_MKNOD, 1);
 	sfs_reply_new(req, ret, n);
 }
 
@@ -180,6 +181,7 @@ void sfs_op_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name,
 	int ret = sfs_create_entry(req, parent, name,
 				   S_IFDIR | (mode & 07777), 0, NULL, &n);
 
+	sfs_count(STRATA_ST_MKDIR, 1);
 	sfs_reply_new(req, ret, n);
 }
 
@@ -190,6 +192,7 @@ void sfs_op_symlink(fuse_req_t req, const char *link, fuse_ino_t parent,
 	int ret = sfs_create_entry(req, parent, name,
 				   S_IFLNK | 0777, 0, link, &n);
 
+	sfs_count(STRATA_ST_SYMLINK, 1);
 	sfs_reply_new(req, ret, n);
 }
 
@@ -201,6 +204,7 @@ void sfs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name,
 	struct fuse_entry_param e;
 	int ret;
 
+	sfs_count(STRATA_ST_CREATE, 1);
 	ret = sfs_create_entry(req, parent, name,
 			       S_IFREG | (mode & 07777), 0, NULL, &n);
 	if (ret < 0)
@@ -271,6 +275,7 @@ static int sfs_link(struct sfs_node *n, struct sfs_node *dir,
 void sfs_op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent,
 		 const char *newname)
 {
+	sfs_count(STRATA_ST_LINK, 1);
 	struct sfs_node *n, *dir;
 	int ret;
 
@@ -420,11 +425,13 @@ static void sfs_unlink_op(fuse_req_t req, fuse_ino_t parent, const char *name,
 
 void sfs_op_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
+	sfs_count(STRATA_ST_UNLINK, 1);
 	sfs_unlink_op(req, parent, name, false);
 }
 
 void sfs_op_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
+	sfs_count(STRATA_ST_RMDIR, 1);
 	sfs_unlink_op(req, parent, name, true);
 }
 
@@ -678,6 +685,7 @@ void sfs_op_rename(fuse_req_t req, fuse_ino_t parent, const char *name,
 		   fuse_ino_t newparent, const char *newname,
 		   unsigned int flags)
 {
+	sfs_count(STRATA_ST_RENAME, 1);
 	struct sfs_node *pdir, *ndir;
 	int ret;
 

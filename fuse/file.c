@@ -85,6 +85,7 @@ void sfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	struct sfs_node *n;
 	int ret = sfs_node_get_pinned(ino, &n);
 
+	sfs_count(STRATA_ST_OPEN, 1);
 	if (ret == 0) {
 		ret = sfs_file_open(n, fi->flags, &f);
 		sfs_node_unpin(n);
@@ -133,6 +134,8 @@ static int sfs_file_readfd(struct sfs_file *f)
 void sfs_op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 		 struct fuse_file_info *fi)
 {
+	sfs_count(STRATA_ST_READ, 1);
+	sfs_count(STRATA_ST_READ_BYTES, size);
 	sfs_io_read(req, sfs_file_readfd(sfs_fh(fi)), size, off);
 }
 
@@ -202,6 +205,8 @@ void sfs_op_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *buf,
 	struct sfs_file *f = sfs_fh(fi);
 	int ret = sfs_file_killpriv(req, f);
 
+	sfs_count(STRATA_ST_WRITE, 1);
+	sfs_count(STRATA_ST_WRITE_BYTES, fuse_buf_size(buf));
 	if (ret < 0) {
 		sfs_reply_err(req, ret);
 		return;
@@ -211,12 +216,14 @@ void sfs_op_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *buf,
 
 void sfs_op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
+	sfs_count(STRATA_ST_FLUSH, 1);
 	/* Locks are the kernel's own and data is written through: nothing to do. */
 	fuse_reply_err(req, 0);
 }
 
 void sfs_op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
+	sfs_count(STRATA_ST_RELEASE, 1);
 	sfs_file_close(sfs_fh(fi));
 	fuse_reply_err(req, 0);
 }
@@ -227,6 +234,7 @@ void sfs_op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync,
 	int fd = sfs_fh(fi)->fd;
 	int ret = datasync ? fdatasync(fd) : fsync(fd);
 
+	sfs_count(STRATA_ST_FSYNC, 1);
 	fuse_reply_err(req, ret < 0 ? errno : 0);
 }
 
@@ -235,6 +243,7 @@ void sfs_op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t offset,
 {
 	struct sfs_file *f = sfs_fh(fi);
 
+	sfs_count(STRATA_ST_FALLOCATE, 1);
 	if (!f->upper) {
 		fuse_reply_err(req, EBADF);
 		return;
@@ -248,6 +257,7 @@ void sfs_op_lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence,
 {
 	off_t res = lseek(sfs_file_readfd(sfs_fh(fi)), off, whence);
 
+	sfs_count(STRATA_ST_LSEEK, 1);
 	if (res < 0)
 		fuse_reply_err(req, errno);
 	else
@@ -259,6 +269,7 @@ void sfs_op_copy_file_range(fuse_req_t req, fuse_ino_t ino_in, off_t off_in,
 			    off_t off_out, struct fuse_file_info *fi_out,
 			    size_t len, int flags)
 {
+	sfs_count(STRATA_ST_COPY_FILE_RANGE, 1);
 	sfs_io_copy_file(req, sfs_file_readfd(sfs_fh(fi_in)), off_in,
 			 sfs_fh(fi_out)->fd, off_out, len, flags);
 }

@@ -680,6 +680,7 @@ void sfs_op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	struct stat st;
 	int ret = sfs_node_get_pinned(ino, &n);
 
+	sfs_count(STRATA_ST_GETATTR, 1);
 	if (ret == 0) {
 		ret = sfs_node_stat(n, &st);
 		sfs_node_unpin(n);
@@ -818,6 +819,7 @@ void sfs_op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr,
 	struct sfs_node *n;
 	int ret = sfs_node_get_pinned(ino, &n);
 
+	sfs_count(STRATA_ST_SETATTR, 1);
 	if (ret < 0) {
 		sfs_reply_err(req, ret);
 		return;
@@ -833,6 +835,7 @@ void sfs_op_readlink(fuse_req_t req, fuse_ino_t ino)
 	ssize_t len;
 	int ret = sfs_node_get_pinned(ino, &n);
 
+	sfs_count(STRATA_ST_READLINK, 1);
 	if (ret < 0) {
 		sfs_reply_err(req, ret);
 		return;
@@ -858,6 +861,7 @@ void sfs_op_statfs(fuse_req_t req, fuse_ino_t ino)
 	struct statvfs sv;
 	int fd = sfs_has_upper() ? sfs->upper.fd : sfs->lower[0].fd;
 
+	sfs_count(STRATA_ST_STATFS, 1);
 	if (fstatvfs(fd, &sv) < 0)
 		fuse_reply_err(req, errno);
 	else
@@ -866,6 +870,7 @@ void sfs_op_statfs(fuse_req_t req, fuse_ino_t ino)
 
 void sfs_op_forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup)
 {
+	sfs_count(STRATA_ST_FORGET, 1);
 	sfs_node_put(sfs_node_get(ino), nlookup, 0);
 	fuse_reply_none(req);
 }
@@ -873,6 +878,7 @@ void sfs_op_forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup)
 void sfs_op_forget_multi(fuse_req_t req, size_t count,
 			 struct fuse_forget_data *forgets)
 {
+	sfs_count(STRATA_ST_FORGET, 1);
 	for (size_t i = 0; i < count; i++)
 		sfs_node_put(sfs_node_get(forgets[i].ino), forgets[i].nlookup,
 			     0);

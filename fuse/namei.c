@@ -359,6 +359,7 @@ int sfs_entry_reply(fuse_req_t req, struct sfs_node *n)
 
 void sfs_op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
+	sfs_count(STRATA_ST_LOOKUP, 1);
 	struct sfs_node *dir, *n;
 	int ret;
 

@@ -354,6 +354,7 @@ int sfs_dir_check_empty(struct sfs_node *dir)
 /* The kernel lists and caches directories itself between changes. */
 void sfs_op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
+	sfs_count(STRATA_ST_OPENDIR, 1);
 	if (sfs->dir_cache == SFS_DIR_CACHE_NO_OPENDIR) {
 		/* from now on the kernel opens directories itself, cached */
 		fuse_reply_err(req, ENOSYS);
@@ -573,18 +574,21 @@ out_err:
 void sfs_op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 		    struct fuse_file_info *fi)
 {
+	sfs_count(STRATA_ST_READDIR, 1);
 	sfs_do_readdir(req, ino, size, off, false);
 }
 
 void sfs_op_readdirplus(fuse_req_t req, fuse_ino_t ino, size_t size,
 			off_t off, struct fuse_file_info *fi)
 {
+	sfs_count(STRATA_ST_READDIRPLUS, 1);
 	sfs_do_readdir(req, ino, size, off, true);
 }
 
 void sfs_op_releasedir(fuse_req_t req, fuse_ino_t ino,
 		       struct fuse_file_info *fi)
 {
+	sfs_count(STRATA_ST_RELEASEDIR, 1);
 	fuse_reply_err(req, 0);
 }
 
@@ -594,6 +598,7 @@ void sfs_op_fsyncdir(fuse_req_t req, fuse_ino_t ino, int datasync,
 	struct sfs_node *n;
 	int upper, ret = sfs_node_get_pinned(ino, &n);
 
+	sfs_count(STRATA_ST_FSYNCDIR, 1);
 	if (ret == 0) {
 		upper = sfs_upper(n);
 		if (upper >= 0 &&

@@ -317,6 +317,7 @@ void sfs_op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
 	struct sfs_node *n;
 	int ret;
 
+	sfs_count(STRATA_ST_SETXATTR, 1);
 	/* The overlay's markers are not the user's to forge. */
 	if (sfs_xattr_is_private(name)) {
 		fuse_reply_err(req, EOPNOTSUPP);
@@ -341,6 +342,7 @@ void sfs_op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
 	char *buf = NULL;
 	int ret;
 
+	sfs_count(STRATA_ST_GETXATTR, 1);
 	/* To the user the markers do not exist, as with the kernel's. */
 	if (sfs_xattr_is_private(name)) {
 		fuse_reply_err(req, ENODATA);
@@ -370,6 +372,7 @@ void sfs_op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
 	struct sfs_node *n;
 	int len = sfs_node_get_pinned(ino, &n);
 
+	sfs_count(STRATA_ST_LISTXATTR, 1);
 	if (len == 0) {
 		len = sfs_node_xattr(n, sfs_xattr_list_op, &a);
 		sfs_node_unpin(n);
@@ -391,6 +394,7 @@ void sfs_op_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name)
 	struct sfs_node *n;
 	int ret;
 
+	sfs_count(STRATA_ST_REMOVEXATTR, 1);
 	if (sfs_xattr_is_private(name)) {
 		fuse_reply_err(req, ENODATA);
 		return;

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <syslog.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "strata.h"
@@ -128,9 +129,16 @@ void strata_log_kv(int level, const char *msg, const char *const *kv)
 	if (level < STRATA_LOG_ERR || level > STRATA_LOG_DEBUG)
 		level = STRATA_LOG_ERR;
 	if (log_json) {
+		struct timespec ts;
+		struct tm tm;
+
+		clock_gettime(CLOCK_REALTIME, &ts);
+		gmtime_r(&ts.tv_sec, &tm);
 		len = snprintf(line, sizeof(line),
-			       "{\"prog\":\"%s\",\"level\":\"%s\",\"msg\":",
-			       log_prog, log_names[level]);
+			       "{\"time\":\"%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ\",\"prog\":\"%s\",\"level\":\"%s\",\"msg\":",
+			       tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
+			       tm.tm_hour, tm.tm_min, tm.tm_sec,
+			       ts.tv_nsec / 1000000, log_prog, log_names[level]);
 		len = log_json_str(line, sizeof(line), len, msg);
 		for (; kv[0]; kv += 2) {
 			if (len < sizeof(line))
