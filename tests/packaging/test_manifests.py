@@ -613,7 +613,8 @@ def check_examples(docs):
                 used.setdefault(key, []).append(pod["metadata"]["name"])
     for key, pods in used.items():
         if len(pods) > 1:
-            problems.append(f"PVC {key} is used by {pods}: ReadWriteOnce")
+            problems.append(f"PVC {key} is used by {pods}: an example "
+                            "should give each pod its own claim")
     unused = set(claims) - set(used)
     if unused:
         problems.append(f"PVCs no pod uses: {sorted(unused)}")
@@ -844,3 +845,13 @@ def test_other_checkers_report(base, examples):
     assert any("no StorageClass" in p for p in check_examples(mutate(
         examples, "PersistentVolumeClaim",
         lambda d: d["spec"].update(storageClassName="nope"))))
+
+
+def test_docs_name_the_rendered_images(base):
+    """docs/kubernetes.md tells the versions installed: keep it honest."""
+    text = (REPO / "docs" / "kubernetes.md").read_text()
+    ds = one(base, "DaemonSet")
+    for c in ds["spec"]["template"]["spec"]["containers"]:
+        short = c["image"].rsplit("/", 1)[-1]
+        assert short in text, f"docs/kubernetes.md does not name {short}"
+        assert f"`{c['name']}`" in text, f"docs/kubernetes.md does not name {c['name']}"
