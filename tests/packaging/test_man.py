@@ -50,9 +50,13 @@ def run(argv):
 
 
 def version(prog):
-    # "stratafs 0.1.0" (stratafs adds libfuse's lines after it)
-    first = run([prog, "--version"]).splitlines()[0]
-    return first.split()[-1]
+    """From the line "stratafs 0.1.0": stratafs also prints libfuse's
+    versions, before or after its own depending on buffering."""
+    name = os.path.basename(prog)
+    out = run([prog, "--version"])
+    m = re.search(rf"^{re.escape(name)} (\S+)$", out, re.M)
+    assert m, f"{prog} --version: no line '{name} VERSION' in {out!r}"
+    return m.group(1)
 
 
 def build_page(page, tmp_path):
