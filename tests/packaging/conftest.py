@@ -19,15 +19,16 @@ def repo_root():
 
 @pytest.fixture(scope="session")
 def require_tool():
-    """require_tool("kubectl") -> absolute path of a program on PATH (or
-    /usr/bin, /usr/sbin, /sbin), failing the test when it is not there.
-    The message names the Debian package when one is given."""
-    def find(name, package=None):
+    """require_tool("make", "make") -> absolute path of a program on PATH
+    (or /usr/bin, /usr/sbin, /sbin), failing the test when it is not there.
+    The message names the Debian package when one is given, or says
+    where to get the tool (hint=)."""
+    def find(name, package=None, hint=None):
         path = shutil.which(name) or shutil.which(
             name, path="/usr/bin:/usr/sbin:/bin:/sbin")
         if not path:
-            pytest.fail(f"{name} not found"
-                        + (f": apt-get install {package}" if package else ""))
+            where = hint or (f"apt-get install {package}" if package else "")
+            pytest.fail(f"{name} not found" + (f": {where}" if where else ""))
         return path
     return find
 

@@ -4,7 +4,9 @@ decide the design and against the real strata-csi binary: every flag the
 DaemonSet passes must be one `strata-csi --help` lists, with a well-formed
 value, and the binary must parse the exact argument list.
 
-Needs: kubectl and python3-yaml (apt), STRATA_CSI=<built strata-csi>.
+Needs: kubectl >= 1.27 (its kustomize v5 renders components and
+replacements; tested with 1.32), python3-yaml (apt), STRATA_CSI=<built
+strata-csi>.
 Each checker returns a list of problems; the negative tests feed them
 broken manifests, so none of these checks can pass by checking nothing.
 """
@@ -90,7 +92,9 @@ def render(kubectl, directory):
 
 @pytest.fixture(scope="session")
 def kubectl(require_tool):
-    return require_tool("kubectl", "kubectl")
+    return require_tool("kubectl", hint=(
+        "install kubectl >= 1.27 (kustomize v5: components, replacements); "
+        "Debian's kubernetes-client 1.20 is too old"))
 
 
 @pytest.fixture(scope="module")
