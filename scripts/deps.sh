@@ -9,7 +9,7 @@ PKGS=(
 	libfuse3-dev fuse3 liburing-dev libmount-dev
 	libprotobuf-c-dev protobuf-c-compiler libgrpc-dev protobuf-compiler libprotobuf-dev
 	libjson-c-dev libmicrohttpd-dev
-	python3 python3-pytest python3-grpcio python3-protobuf
+	python3 python3-pytest python3-grpcio python3-protobuf python3-yaml
 	attr acl util-linux kmod fuse-overlayfs fio valgrind
 )
 
@@ -18,10 +18,22 @@ for p in "${PKGS[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" ||
 		missing+=("$p")
 done
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO=sudo
 if [ ${#missing[@]} -gt 0 ]; then
 	echo "deps: installing ${missing[*]}"
-	SUDO=""
-	[ "$(id -u)" -eq 0 ] || SUDO=sudo
 	$SUDO apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# The manifest tests render with `kubectl kustomize`. Bookworm itself has
+# no kubectl recent enough (kubernetes-client is 1.20); take the one a
+# configured repository offers (Kubernetes' or Google Cloud's apt repo),
+# and otherwise say where to get it: the manifest tests fail without it.
+if ! command -v kubectl >/dev/null; then
+	if apt-cache policy kubectl 2>/dev/null | grep -q 'Candidate: [0-9]'; then
+		DEBIAN_FRONTEND=noninteractive ${SUDO:-} apt-get install -y -qq kubectl >/dev/null
+	else
+		echo "deps: no kubectl: add the Kubernetes apt repository (pkgs.k8s.io) for the manifest tests" >&2
+	fi
 fi

@@ -91,6 +91,18 @@ run_csi() {
 	count_junit "$results/$name.xml"
 }
 
+# Runs the packaging suite (manifests, image build script, the .deb,
+# man pages, units) against one build directory's programs.
+run_packaging() {
+	local dir=$1
+	echo "== packaging"
+	(cd tests/packaging &&
+		STRATA_CSI="$dir/strata-csi" STRATACTL="$dir/stratactl" \
+		STRATAFS="$dir/stratafs" /usr/bin/python3 -m pytest -q \
+			--junitxml="$results/packaging.xml" ${PYTEST_ARGS:-})
+	count_junit "$results/packaging.xml"
+}
+
 echo "== build"
 if ! scripts/build.sh build; then
 	echo "0 passed, 1 failed"
@@ -102,6 +114,7 @@ run_integration integration "$top/build/stratafs"
 STRATAFS_OPTS=io=sync run_integration integration-sync "$top/build/stratafs" \
 	-m stratafs -k "not valgrind and not memory"
 run_csi csi "$top/build"
+run_packaging "$top/build"
 
 if [ "$quick" -eq 0 ]; then
 	echo "== build (AddressSanitizer + UBSan)"
