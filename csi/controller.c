@@ -100,7 +100,7 @@ static int csi_caps_check(Csi__V1__VolumeCapability *const *caps, size_t n,
 }
 
 /* Layers: names checked, each a real directory beneath layers/, no repeats. */
-static int csi_layers_check(struct csi_plugin *p, struct csi_volume *v,
+int csi_layers_check(struct csi_plugin *p, struct csi_volume *v,
 			    const char *list, char *why, size_t size)
 {
 	int ret = csi_split_layers(list, &v->layers, &v->nlayers);
@@ -246,7 +246,7 @@ static void csi_create_volume(struct csi_plugin *p, const ProtobufCMessage *msg,
 	}
 
 	pthread_mutex_lock(&p->store.create_lock);
-	ret = csi_volume_find_name(&p->store, req->name, &have);
+	ret = csi_volume_find(&p->store, req->name, false, &have);
 	if (ret == 0) {
 		csi_reply_volume(r, have.id);
 		if (!csi_same_volume(&want, &have)) {
@@ -451,6 +451,11 @@ static void csi_list_volumes(struct csi_plugin *p, const ProtobufCMessage *msg,
 		/* deleted meanwhile, or a record half-written by a crash */
 		if (csi_volume_load(&p->store, ids[i], &v))
 			continue;
+		/* inline volumes belong to their pods, not to the CO's list */
+		if (v.ephemeral) {
+			csi_volume_free(&v);
+			continue;
+		}
 		e = csi_alloc(r, sizeof(*e));
 		if (e) {
 			csi__v1__list_volumes_response__entry__init(e);
@@ -467,6 +472,21 @@ static void csi_list_volumes(struct csi_plugin *p, const ProtobufCMessage *msg,
 out_nomem:
 	csi_free_strv(ids, n);
 	csi_reply_errno(r, -ENOMEM, "ListVolumes");
+}
+
+static bool csi_capacity_layers_here(struct csi_plugin *p,
+				     const Csi__V1__GetCapacityRequest *req)
+{
+	const char *list = CSI_MAP_GET(req, parameters, "layers");
+	struct csi_volume v = { 0 };
+	char why[384];
+	bool ok;
+
+	if (!list)
+		return true;
+	ok = csi_layers_check(p, &v, list, why, sizeof(why)) == 0;
+	csi_volume_free(&v);
+	return ok;
 }
 
 static void csi_get_capacity(struct csi_plugin *p, const ProtobufCMessage *msg,
@@ -488,8 +508,14 @@ static void csi_get_capacity(struct csi_plugin *p, const ProtobufCMessage *msg,
 		return;
 	}
 	csi__v1__get_capacity_response__init(out);
-	/* another node's topology has none of this node's space */
-	if (!req->accessible_topology || csi_topo_matches(req->accessible_topology, p)) {
+	/*
+	 * Another node's topology has none of this node's space, and neither
+	 * has a class whose layers this node lacks: a 0 steers the scheduler
+	 * to nodes that can serve the claim.
+	 */
+	if ((!req->accessible_topology ||
+	     csi_topo_matches(req->accessible_topology, p)) &&
+	    csi_capacity_layers_here(p, req)) {
 		avail = csi_store_free(p);
 		if (avail < 0) {
 			csi_reply_errno(r, (int)avail, "statvfs of the store");

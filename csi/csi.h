@@ -118,6 +118,7 @@ struct csi_volume {
 	int nlayers;
 	char **layers;
 	char *created;		/* RFC 3339 */
+	bool ephemeral;		/* an inline volume: name is kubelet's id */
 	json_object *parameters; /* the CreateVolume parameters as given */
 };
 
@@ -234,14 +235,18 @@ void csi_store_close(struct csi_store *s);
 int csi_store_check(struct csi_store *s, char *why, size_t size);
 int csi_volume_new_id(char id[CSI_VOLUME_ID_LEN + 1]);
 int csi_volume_load(struct csi_store *s, const char *id, struct csi_volume *v);
-int csi_volume_find_name(struct csi_store *s, const char *name,
-			 struct csi_volume *v);
+int csi_volume_find(struct csi_store *s, const char *name, bool ephemeral,
+		    struct csi_volume *v);
 int csi_volume_create(struct csi_store *s, struct csi_volume *v);
 int csi_volume_delete(struct csi_store *s, const char *id);
 int csi_store_scan(int dirfd, const char *suffix, char ***ids, int *count);
 int csi_volume_list(struct csi_store *s, char ***ids, int *count);
 void csi_volume_free(struct csi_volume *v);
 int csi_layer_open(struct csi_store *s, const char *name);
+
+/* controller.c */
+int csi_layers_check(struct csi_plugin *p, struct csi_volume *v,
+		     const char *list, char *why, size_t size);
 int csi_volume_usage(struct csi_store *s, const char *id, int64_t *bytes,
 		     int64_t *inodes);
 

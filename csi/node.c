@@ -4,6 +4,7 @@
  * has the same order: check the request, mark the volume busy, load its
  * records, return early when the work is already done, act, save, reply.
  */
+#include <ctype.h>
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
@@ -28,6 +29,7 @@ static const Csi__V1__NodeUnpublishVolumeResponse csi_unpublish_out =
 /* What every node handler starts with: the request's volume and paths. */
 struct csi_node_req {
 	const char *id;
+	char own_id[CSI_VOLUME_ID_LEN + 1]; /* an inline volume's, in the store */
 	char path[PATH_MAX];	/* staging or target, canonical */
 	char staging[PATH_MAX];	/* canonical, where both are given */
 	char *flags;		/* canonical mount flags of the capability */
@@ -89,6 +91,8 @@ static int csi_node_check(struct csi_reply *r, struct csi_node_req *nr,
 static int csi_node_lock(struct csi_plugin *p, struct csi_reply *r,
 			 struct csi_node_req *nr)
 {
+	if (nr->busy)
+		return 0;
 	if (!csi_volume_id_valid(nr->id)) {
 		csi_reply_set(r, GRPC_STATUS_NOT_FOUND, "no volume %.64s", nr->id);
 		return -ENOENT;
@@ -151,6 +155,56 @@ static int csi_count_staged(struct csi_plugin *p)
 	return n;
 }
 
+/*
+ * Stages a volume that is not staged: starts its daemon on nr->staging and
+ * records it. Shared by NodeStageVolume and inline volumes.
+ */
+static int csi_node_start(struct csi_plugin *p, struct csi_reply *r,
+			  struct csi_node_req *nr, const struct csi_volume *v,
+			  struct csi_node_vol *n,
+			  const Csi__V1__VolumeCapability *cap)
+{
+	char why[512];
+	int ret;
+
+	if (p->cfg.max_volumes && csi_count_staged(p) >= p->cfg.max_volumes) {
+		csi_reply_set(r, GRPC_STATUS_RESOURCE_EXHAUSTED,
+			      "this node already has %lld staged volumes (--max-volumes)",
+			      (long long)p->cfg.max_volumes);
+		return -ENOSPC;
+	}
+	if (mkdir(nr->staging, 0750) < 0 && errno != EEXIST) {
+		ret = -errno;
+		csi_reply_errno(r, ret, "staging_target_path");
+		return ret;
+	}
+	ret = csi_mount_group(p, nr->id, cap);
+	if (ret) {
+		csi_reply_errno(r, ret, "volume_mount_group");
+		return ret;
+	}
+	memcpy(n->id, nr->id, sizeof(n->id));
+	n->staging = strdup(nr->staging);
+	n->stage_flags = strdup(nr->flags);
+	if (!n->staging || !n->stage_flags) {
+		csi_reply_errno(r, -ENOMEM, "NodeStageVolume");
+		return -ENOMEM;
+	}
+	ret = csi_daemon_start(p, v, n->staging, n, why, sizeof(why));
+	if (ret) {
+		csi_reply_set(r, ret == -ENOENT ? GRPC_STATUS_FAILED_PRECONDITION :
+			      GRPC_STATUS_INTERNAL, "%s", why);
+		return ret;
+	}
+	ret = csi_state_save(&p->store, n);
+	if (ret) {
+		csi_daemon_stop(p, n);
+		csi_reply_errno(r, ret, "saving the node record");
+		return ret;
+	}
+	return 0;
+}
+
 static void csi_node_stage(struct csi_plugin *p, const ProtobufCMessage *msg,
 			   struct csi_reply *r)
 {
@@ -191,40 +245,8 @@ static void csi_node_stage(struct csi_plugin *p, const ProtobufCMessage *msg,
 		csi_reply_errno(r, ret, "node record");
 		goto out;
 	}
-	if (p->cfg.max_volumes && csi_count_staged(p) >= p->cfg.max_volumes) {
-		csi_reply_set(r, GRPC_STATUS_RESOURCE_EXHAUSTED,
-			      "this node already has %lld staged volumes (--max-volumes)",
-			      (long long)p->cfg.max_volumes);
+	if (csi_node_start(p, r, &nr, &v, &n, req->volume_capability))
 		goto out;
-	}
-	if (mkdir(nr.staging, 0750) < 0 && errno != EEXIST) {
-		csi_reply_errno(r, -errno, "staging_target_path");
-		goto out;
-	}
-	ret = csi_mount_group(p, nr.id, req->volume_capability);
-	if (ret) {
-		csi_reply_errno(r, ret, "volume_mount_group");
-		goto out;
-	}
-	memcpy(n.id, nr.id, sizeof(n.id));
-	n.staging = strdup(nr.staging);
-	n.stage_flags = strdup(nr.flags);
-	if (!n.staging || !n.stage_flags) {
-		csi_reply_errno(r, -ENOMEM, "NodeStageVolume");
-		goto out;
-	}
-	ret = csi_daemon_start(p, &v, n.staging, &n, why, sizeof(why));
-	if (ret) {
-		csi_reply_set(r, ret == -ENOENT ? GRPC_STATUS_FAILED_PRECONDITION :
-			      GRPC_STATUS_INTERNAL, "%s", why);
-		goto out;
-	}
-	ret = csi_state_save(&p->store, &n);
-	if (ret) {
-		csi_daemon_stop(p, &n);
-		csi_reply_errno(r, ret, "saving the node record");
-		goto out;
-	}
 	strata_info("volume %s staged at %s, stratafs pid %d", nr.id, n.staging,
 		    (int)n.pid);
 	csi_reply_ok(r, (void *)&csi_stage_out);
@@ -316,6 +338,152 @@ out:
 	csi_node_end(p, &nr);
 }
 
+/*
+ * Inline (ephemeral) volumes: kubelet skips CreateVolume and
+ * NodeStageVolume, calls NodePublishVolume with its own volume id and
+ * volume_context["csi.storage.k8s.io/ephemeral"] = "true", and expects the
+ * volume to live exactly as long as the pod. They become store volumes
+ * marked ephemeral, named by kubelet's id and staged beneath
+ * <root>/ephemeral/, so that restarts, healing and metrics treat them as
+ * any other volume.
+ */
+#define CSI_EPHEMERAL_KEY "csi.storage.k8s.io/ephemeral"
+#define CSI_K8S_CONTEXT "csi.storage.k8s.io/"
+
+static bool csi_is_ephemeral(const Csi__V1__NodePublishVolumeRequest *req)
+{
+	const char *e = CSI_MAP_GET(req, volume_context, CSI_EPHEMERAL_KEY);
+
+	return e && !strcmp(e, "true");
+}
+
+/* kubelet's ids ("csi-" and a hash) go into records, never into paths */
+static bool csi_ephemeral_id_valid(const char *id)
+{
+	size_t len = strlen(id);
+
+	if (len == 0 || len > CSI_NAME_MAX)
+		return false;
+	for (const char *c = id; *c; c++)
+		if (!isalnum((unsigned char)*c) && *c != '-' && *c != '_' &&
+		    *c != '.')
+			return false;
+	return true;
+}
+
+/* Finds or creates the store volume behind an inline volume. */
+static int csi_ephemeral_volume(struct csi_plugin *p, struct csi_reply *r,
+				const Csi__V1__NodePublishVolumeRequest *req,
+				struct csi_volume *v)
+{
+	const char *layers = CSI_MAP_GET(req, volume_context, "layers");
+	char why[384];
+	int ret;
+
+	if (!csi_ephemeral_id_valid(req->volume_id)) {
+		csi_reply_set(r, GRPC_STATUS_INVALID_ARGUMENT,
+			      "inline volume id '%.64s' is malformed", req->volume_id);
+		return -EINVAL;
+	}
+	for (size_t i = 0; i < req->n_volume_context; i++) {
+		const char *k = req->volume_context[i]->key;
+
+		if (strcmp(k, "layers") &&
+		    strncmp(k, CSI_K8S_CONTEXT, strlen(CSI_K8S_CONTEXT))) {
+			csi_reply_set(r, GRPC_STATUS_INVALID_ARGUMENT,
+				      "unknown volume attribute '%.64s' (Strata takes: layers)", k);
+			return -EINVAL;
+		}
+	}
+	pthread_mutex_lock(&p->store.create_lock);
+	ret = csi_volume_find(&p->store, req->volume_id, true, v);
+	if (ret != -ENOENT)
+		goto out;
+	memset(v, 0, sizeof(*v));
+	ret = csi_layers_check(p, v, layers ? layers : "", why, sizeof(why));
+	if (ret == -EINVAL) {
+		csi_reply_set(r, GRPC_STATUS_INVALID_ARGUMENT, "%s", why);
+		goto out_unlock;
+	}
+	v->ephemeral = true;
+	v->name = strdup(req->volume_id);
+	v->parameters = json_object_new_object();
+	if (!ret && (!v->name || !v->parameters))
+		ret = -ENOMEM;
+	if (!ret)
+		ret = csi_volume_new_id(v->id);
+	if (!ret)
+		ret = csi_volume_create(&p->store, v);
+out:
+	if (ret)
+		csi_reply_errno(r, ret, "creating the inline volume");
+out_unlock:
+	pthread_mutex_unlock(&p->store.create_lock);
+	if (ret)
+		csi_volume_free(v);
+	return ret;
+}
+
+/*
+ * Makes an inline volume ready for the ordinary publish path: created,
+ * marked busy under its store id, and staged.
+ */
+static int csi_ephemeral_prepare(struct csi_plugin *p, struct csi_reply *r,
+				 const Csi__V1__NodePublishVolumeRequest *req,
+				 struct csi_node_req *nr)
+{
+	struct csi_node_vol n = { 0 };
+	struct csi_volume v = { 0 };
+	int ret;
+
+	ret = csi_ephemeral_volume(p, r, req, &v);
+	if (ret)
+		return ret;
+	memcpy(nr->own_id, v.id, sizeof(nr->own_id));
+	nr->id = nr->own_id;
+	snprintf(nr->staging, sizeof(nr->staging), "%s/ephemeral/%s",
+		 p->store.root, v.id);
+	ret = csi_node_lock(p, r, nr);
+	if (ret)
+		goto out;
+	ret = csi_state_load(&p->store, nr->id, &n);
+	if (ret == -ENOENT) {
+		if (mkdirat(p->store.root_fd, "ephemeral", 0700) < 0 &&
+		    errno != EEXIST) {
+			ret = -errno;
+			csi_reply_errno(r, ret, "the store's ephemeral directory");
+			goto out;
+		}
+		ret = csi_node_start(p, r, nr, &v, &n, req->volume_capability);
+	} else if (ret) {
+		csi_reply_errno(r, ret, "node record");
+	}
+out:
+	csi_state_free(&n);
+	csi_volume_free(&v);
+	return ret;
+}
+
+/* The pod is gone: the inline volume goes with its last target. */
+static int csi_ephemeral_remove(struct csi_plugin *p, struct csi_reply *r,
+				struct csi_node_vol *n)
+{
+	int ret;
+
+	if (n->ntargets)
+		return 0;
+	ret = csi_daemon_stop(p, n);
+	if (!ret)
+		ret = csi_state_remove(&p->store, n->id);
+	if (ret) {
+		csi_reply_errno(r, ret, "removing the inline volume");
+		return ret;
+	}
+	csi_state_remove_stats(&p->store, n->id);
+	rmdir(n->staging);
+	return csi_volume_delete(&p->store, n->id);
+}
+
 static void csi_node_publish(struct csi_plugin *p, const ProtobufCMessage *msg,
 			     struct csi_reply *r)
 {
@@ -329,10 +497,16 @@ static void csi_node_publish(struct csi_plugin *p, const ProtobufCMessage *msg,
 	int ret;
 
 	if (csi_node_check(r, &nr, req->volume_id, req->volume_capability, true) ||
-	    csi_node_path(r, "staging_target_path", req->staging_target_path,
-			  nr.staging) ||
-	    csi_node_path(r, "target_path", req->target_path, nr.path) ||
-	    csi_node_lock(p, r, &nr) || csi_node_volume(p, r, nr.id, &v) ||
+	    csi_node_path(r, "target_path", req->target_path, nr.path))
+		goto out;
+	if (csi_is_ephemeral(req)) {
+		if (csi_ephemeral_prepare(p, r, req, &nr))
+			goto out;
+	} else if (csi_node_path(r, "staging_target_path",
+				 req->staging_target_path, nr.staging)) {
+		goto out;
+	}
+	if (csi_node_lock(p, r, &nr) || csi_node_volume(p, r, nr.id, &v) ||
 	    csi_node_staged(p, r, nr.id, nr.staging, &n))
 		goto out;
 	ro = req->readonly || (nr.mflags & MS_RDONLY) ||
@@ -404,11 +578,18 @@ static void csi_node_unpublish(struct csi_plugin *p, const ProtobufCMessage *msg
 	int ret;
 
 	if (csi_node_check(r, &nr, req->volume_id, NULL, false) ||
-	    csi_node_path(r, "target_path", req->target_path, nr.path) ||
-	    csi_node_lock(p, r, &nr))
+	    csi_node_path(r, "target_path", req->target_path, nr.path))
+		goto out;
+	/* kubelet names an inline volume by its own id */
+	if (!csi_volume_id_valid(nr.id) && csi_ephemeral_id_valid(nr.id) &&
+	    csi_volume_find(&p->store, nr.id, true, &v) == 0) {
+		memcpy(nr.own_id, v.id, sizeof(nr.own_id));
+		nr.id = nr.own_id;
+	}
+	if (csi_node_lock(p, r, &nr))
 		goto out;
 	staged = csi_state_load(&p->store, nr.id, &n) == 0;
-	if (!staged && csi_node_volume(p, r, nr.id, &v))
+	if (!staged && !v.name && csi_node_volume(p, r, nr.id, &v))
 		goto out;
 	while (!csi_mount_find(nr.path, NULL, 0, NULL, 0)) {
 		ret = csi_mount_umount(nr.path);
@@ -429,6 +610,8 @@ static void csi_node_unpublish(struct csi_plugin *p, const ProtobufCMessage *msg
 			goto out;
 		}
 	}
+	if (staged && v.ephemeral && csi_ephemeral_remove(p, r, &n))
+		goto out;
 	csi_reply_ok(r, (void *)&csi_unpublish_out);
 out:
 	csi_state_free(&n);

@@ -194,6 +194,7 @@ static int csi_volume_parse(json_object *o, struct csi_volume *v)
 	v->name = strdup(name);
 	v->created = strdup(created ? created : "");
 	v->capacity = csi_json_int(o, "capacity_bytes");
+	v->ephemeral = csi_json_int(o, "ephemeral") != 0;
 	v->nlayers = json_object_array_length(layers);
 	v->layers = calloc(v->nlayers + 1, sizeof(char *));
 	if (!v->name || !v->created || !v->layers)
@@ -296,8 +297,12 @@ int csi_volume_list(struct csi_store *s, char ***ids, int *count)
 }
 
 /* The store is small (volumes of one node): a scan is cheap enough. */
-int csi_volume_find_name(struct csi_store *s, const char *name,
-			 struct csi_volume *v)
+/*
+ * Finds a volume by its CreateVolume name, or with `ephemeral` by the id
+ * kubelet gave an inline volume; the two never match each other.
+ */
+int csi_volume_find(struct csi_store *s, const char *name, bool ephemeral,
+		    struct csi_volume *v)
 {
 	char **ids;
 	int n, ret;
@@ -309,7 +314,7 @@ int csi_volume_find_name(struct csi_store *s, const char *name,
 	for (int i = 0; i < n && ret == -ENOENT; i++) {
 		if (csi_volume_load(s, ids[i], v))
 			continue;
-		if (!strcmp(v->name, name))
+		if (v->ephemeral == ephemeral && !strcmp(v->name, name))
 			ret = 0;
 		else
 			csi_volume_free(v);
@@ -329,6 +334,8 @@ static json_object *csi_volume_json(const struct csi_volume *v)
 	json_object_object_add(o, "name", json_object_new_string(v->name));
 	json_object_object_add(o, "capacity_bytes",
 			       json_object_new_int64(v->capacity));
+	if (v->ephemeral)
+		json_object_object_add(o, "ephemeral", json_object_new_int(1));
 	for (int i = 0; layers && i < v->nlayers; i++)
 		json_object_array_add(layers, json_object_new_string(v->layers[i]));
 	json_object_object_add(o, "layers", layers);
@@ -401,6 +408,10 @@ int csi_volume_delete(struct csi_store *s, const char *id)
 	if (renameat(s->volumes_fd, id, s->volumes_fd, tmp) < 0)
 		return errno == ENOENT ? 0 : -errno;
 	fsync(s->volumes_fd);
+	/* the daemon log outlives unstaging, for post-mortems; not the volume */
+	snprintf(tmp, sizeof(tmp), "%s.log", id);
+	unlinkat(s->node_fd, tmp, 0);
+	snprintf(tmp, sizeof(tmp), ".%s.deleting", id);
 	ret = strata_rmtree_at(s->volumes_fd, tmp);
 	if (ret)
 		strata_warn("store: %s/volumes/%s: %s (removed at next start)",

@@ -11,6 +11,7 @@ PKGS=(
 	libjson-c-dev libmicrohttpd-dev
 	python3 python3-pytest python3-grpcio python3-protobuf python3-yaml
 	attr acl util-linux kmod fuse-overlayfs fio valgrind
+	debhelper dpkg-dev groff-base man-db systemd
 )
 
 missing=()

@@ -184,10 +184,18 @@ static int csi_parse_args(int argc, char **argv, struct csi_config *c,
 			free(c->metrics_address);
 			c->metrics_address = strdup(optarg);
 			break;
-		case 'v':
-			strata_log_init("strata-csi", atoi(optarg) <= 0 ? STRATA_LOG_WARN :
-				       atoi(optarg) >= 5 ? STRATA_LOG_DEBUG : STRATA_LOG_INFO);
+		case 'v': {
+			long v = strtol(optarg, &end, 10);
+
+			/* "-v=2" would read as 0 and silence the per-RPC lines */
+			if (!*optarg || *end || v < 0) {
+				fprintf(stderr, "strata-csi: -v takes a number (-v 2)\n");
+				return 2;
+			}
+			strata_log_init("strata-csi", v == 0 ? STRATA_LOG_WARN :
+				       v >= 5 ? STRATA_LOG_DEBUG : STRATA_LOG_INFO);
 			break;
+		}
 		case 'V':
 			printf("strata-csi %s\n", STRATA_VERSION);
 			return 1;

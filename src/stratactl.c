@@ -1447,7 +1447,7 @@ static const struct ctl_cmd ctl_cmds[] = {
 	},
 	{
 		.name = "stage", .run = ctl_stage,
-		.synopsis = "ID --staging-path P [--access-mode MODE] [--mount-flag F ...] [--mount-group GID] [--fs-type T] [--context K=V ...]",
+		.synopsis = "ID --staging-path P [OPTIONS]",
 		.summary = "mount a volume on its staging path (NodeStageVolume)",
 		.options = "  --staging-path P    staging_target_path (required)\n"
 			CTL_HELP_CAP CTL_HELP_MOUNT CTL_HELP_CONTEXT
@@ -1465,7 +1465,7 @@ static const struct ctl_cmd ctl_cmds[] = {
 	},
 	{
 		.name = "publish", .run = ctl_publish,
-		.synopsis = "ID --staging-path P --target T [--readonly] [--access-mode MODE] [--mount-flag F ...] [--mount-group GID]",
+		.synopsis = "ID --staging-path P --target T [OPTIONS]",
 		.summary = "bind a staged volume to a target path (NodePublishVolume)",
 		.options = "  --staging-path P    staging_target_path (required)\n"
 			"  --target T          target_path (required)\n"

@@ -86,6 +86,8 @@ int main(int argc, char *argv[])
 	}
 	if (fs.params.show_version) {
 		printf("stratafs %s\n", STRATA_VERSION);
+		/* libfuse writes its line with its own stdio: keep ours first */
+		fflush(stdout);
 		fuse_lowlevel_version();
 		ret = 0;
 		goto out_args;
