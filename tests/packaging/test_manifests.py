@@ -45,7 +45,7 @@ BASE_KINDS = {
     "ClusterRoleBinding": 1, "Role": 1, "RoleBinding": 1, "CSIDriver": 1,
     "StorageClass": 1, "DaemonSet": 1,
 }
-EXAMPLE_KINDS = dict(BASE_KINDS, Namespace=2, PersistentVolumeClaim=3, Pod=3)
+EXAMPLE_KINDS = dict(BASE_KINDS, Namespace=2, PersistentVolumeClaim=3, Pod=4)
 
 # What external-provisioner in per-node mode with capacity tracking needs:
 # (apiGroup, resource) -> verbs. The node-driver-registrar needs nothing.
@@ -606,9 +606,17 @@ def check_examples(docs):
     used = {}
     for pod in (d for d in docs if d["kind"] == "Pod"):
         for v in pod["spec"].get("volumes", []):
-            if "csi" in v or "ephemeral" in v:
-                problems.append(f"Pod {pod['metadata']['name']}: inline/ephemeral "
-                                "volumes are not served by the plugin yet")
+            if "csi" in v:
+                # an inline volume: the plugin's attributes, nothing else
+                csi = v["csi"]
+                attrs = csi.get("volumeAttributes", {})
+                if csi.get("driver") != DRIVER:
+                    problems.append(f"Pod {pod['metadata']['name']}: inline volume "
+                                    f"of driver {csi.get('driver')}")
+                if set(attrs) - {"layers"} or not all(
+                        LAYER_NAME.match(x) for x in attrs.get("layers", "").split(",")):
+                    problems.append(f"Pod {pod['metadata']['name']}: inline volume "
+                                    f"attributes {attrs} (the plugin takes: layers)")
             if "persistentVolumeClaim" in v:
                 key = (pod["metadata"].get("namespace"),
                        v["persistentVolumeClaim"]["claimName"])
@@ -843,9 +851,10 @@ def test_other_checkers_report(base, examples):
     assert any("v2.x.y" in p for p in check_images(mutate(
         base, "DaemonSet", lambda d: container(d, "liveness-probe").update(
             image="registry.k8s.io/sig-storage/livenessprobe:canary")), "0.1.0"))
-    assert any("inline" in p for p in check_examples(mutate(
+    assert any("inline volume attributes" in p for p in check_examples(mutate(
         examples, "Pod", lambda d: d["spec"]["volumes"].append(
-            {"name": "i", "csi": {"driver": DRIVER}}))))
+            {"name": "i", "csi": {"driver": DRIVER,
+                                  "volumeAttributes": {"layers": "../etc"}}}))))
     assert any("no StorageClass" in p for p in check_examples(mutate(
         examples, "PersistentVolumeClaim",
         lambda d: d["spec"].update(storageClassName="nope"))))
