@@ -535,21 +535,11 @@ static void csi_controller_caps(struct csi_plugin *p, const ProtobufCMessage *ms
 		CSI__V1__CONTROLLER_SERVICE_CAPABILITY__RPC__TYPE__GET_CAPACITY,
 		CSI__V1__CONTROLLER_SERVICE_CAPABILITY__RPC__TYPE__SINGLE_NODE_MULTI_WRITER,
 	};
-	const size_t n = sizeof(types) / sizeof(types[0]);
-	Csi__V1__ControllerGetCapabilitiesResponse *out = csi_alloc(r, sizeof(*out));
 
-	if (out) {
-		csi__v1__controller_get_capabilities_response__init(out);
-		out->capabilities = (void *)csi_caps_build(
-			r, &csi__v1__controller_service_capability__descriptor,
-			&csi__v1__controller_service_capability__rpc__descriptor,
-			types, n);
-		out->n_capabilities = n;
-	}
-	if (!out || !out->capabilities)
-		csi_reply_errno(r, -ENOMEM, "ControllerGetCapabilities");
-	else
-		csi_reply_ok(r, out);
+	csi_reply_caps(r, &csi__v1__controller_get_capabilities_response__descriptor,
+		       &csi__v1__controller_service_capability__descriptor,
+		       &csi__v1__controller_service_capability__rpc__descriptor, types,
+		       sizeof(types) / sizeof(types[0]));
 }
 
 const struct csi_method csi_controller_methods[] = {

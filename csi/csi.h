@@ -169,8 +169,8 @@ int csi_client_call(struct csi_client *c, const char *method,
 		    ProtobufCMessage **out, grpc_status_code *code,
 		    char **details, int timeout_ms);
 void csi_client_close(struct csi_client *c);
-/* "NOT_FOUND": a status code as gRPC spells it (libcsiwire has no reply.c) */
-const char *csi_client_code_name(grpc_status_code code);
+/* "NOT_FOUND": a status code as gRPC spells it (the plugin's too) */
+const char *csi_code_name(grpc_status_code code);
 
 /* identity.c, controller.c, node.c: method tables, NULL-path terminated */
 extern const struct csi_method csi_identity_methods[];
@@ -188,12 +188,12 @@ void csi_reply_free(struct csi_reply *r);
 Csi__V1__Topology *csi_topo_init(struct csi_topo *t,
 				 const struct csi_plugin *p);
 bool csi_topo_matches(const Csi__V1__Topology *t, const struct csi_plugin *p);
-void **csi_caps_build(struct csi_reply *r,
-		      const ProtobufCMessageDescriptor *cap_desc,
-		      const ProtobufCMessageDescriptor *rpc_desc,
-		      const int *types, size_t n);
+void csi_reply_caps(struct csi_reply *r,
+		    const ProtobufCMessageDescriptor *resp_desc,
+		    const ProtobufCMessageDescriptor *cap_desc,
+		    const ProtobufCMessageDescriptor *rpc_desc,
+		    const int *types, size_t n);
 void csi_reply_volume(struct csi_reply *r, const char *volume_id);
-const char *csi_code_name(grpc_status_code code);
 
 /* validate.c */
 bool csi_volume_id_valid(const char *id);
@@ -216,6 +216,8 @@ int csi_mount_flags(const Csi__V1__VolumeCapability *cap, unsigned long *flags,
 		    char **canon, char *why, size_t size);
 unsigned long csi_flags_from_canon(const char *canon);
 int csi_path_check(const char *path, char *why, size_t size);
+int csi_wire_strings_check(const ProtobufCMessageDescriptor *d,
+			   const uint8_t *data, size_t len, int depth);
 
 /* lock.c: one operation at a time per volume */
 int csi_busy_enter(struct csi_store *s, const char *id);

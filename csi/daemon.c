@@ -169,7 +169,7 @@ int csi_daemon_start(struct csi_plugin *p, const struct csi_volume *v,
 		goto out;
 	snprintf(logname, sizeof(logname), "%s.log", v->id);
 	sp.logfd = openat(p->store.node_fd, logname,
-			  O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+			  O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
 	sp.nullfd = open("/dev/null", O_RDWR | O_CLOEXEC);
 	if (sp.logfd < 0 || sp.nullfd < 0) {
 		ret = -errno;

@@ -35,6 +35,8 @@ struct csi_node_req {
 	char *flags;		/* canonical mount flags of the capability */
 	unsigned long mflags;
 	bool busy;
+	struct csi_volume v;	/* the volume's record, once loaded */
+	struct csi_node_vol n;	/* its node record, once loaded */
 };
 
 static int csi_node_path(struct csi_reply *r, const char *field,
@@ -109,6 +111,8 @@ static int csi_node_lock(struct csi_plugin *p, struct csi_reply *r,
 
 static void csi_node_end(struct csi_plugin *p, struct csi_node_req *nr)
 {
+	csi_state_free(&nr->n);
+	csi_volume_free(&nr->v);
 	if (nr->busy)
 		csi_busy_leave(&p->store, nr->id);
 	free(nr->flags);
@@ -210,29 +214,27 @@ static void csi_node_stage(struct csi_plugin *p, const ProtobufCMessage *msg,
 {
 	const Csi__V1__NodeStageVolumeRequest *req = (const void *)msg;
 	struct csi_node_req nr = { 0 };
-	struct csi_node_vol n = { 0 };
-	struct csi_volume v = { 0 };
 	char why[512];
 	int ret;
 
 	if (csi_node_check(r, &nr, req->volume_id, req->volume_capability, true) ||
 	    csi_node_path(r, "staging_target_path", req->staging_target_path,
 			  nr.staging) ||
-	    csi_node_lock(p, r, &nr) || csi_node_volume(p, r, nr.id, &v))
+	    csi_node_lock(p, r, &nr) || csi_node_volume(p, r, nr.id, &nr.v))
 		goto out;
-	ret = csi_state_load(&p->store, nr.id, &n);
+	ret = csi_state_load(&p->store, nr.id, &nr.n);
 	if (ret == 0) {
-		if (strcmp(n.staging, nr.staging) || strcmp(n.stage_flags, nr.flags)) {
+		if (strcmp(nr.n.staging, nr.staging) || strcmp(nr.n.stage_flags, nr.flags)) {
 			csi_reply_set(r, GRPC_STATUS_ALREADY_EXISTS,
 				      "volume %s is already staged at %s%s", nr.id,
-				      n.staging,
-				      strcmp(n.staging, nr.staging) ? "" :
+				      nr.n.staging,
+				      strcmp(nr.n.staging, nr.staging) ? "" :
 					      " with another capability");
 			goto out;
 		}
 		/* staged already: make sure it still answers */
-		if (!csi_daemon_alive(&n) || csi_mount_alive(n.staging)) {
-			ret = csi_heal(p, &v, &n, why, sizeof(why));
+		if (!csi_daemon_alive(&nr.n) || csi_mount_alive(nr.n.staging)) {
+			ret = csi_heal(p, &nr.v, &nr.n, why, sizeof(why));
 			if (ret) {
 				csi_reply_set(r, GRPC_STATUS_INTERNAL, "%s", why);
 				goto out;
@@ -245,14 +247,12 @@ static void csi_node_stage(struct csi_plugin *p, const ProtobufCMessage *msg,
 		csi_reply_errno(r, ret, "node record");
 		goto out;
 	}
-	if (csi_node_start(p, r, &nr, &v, &n, req->volume_capability))
+	if (csi_node_start(p, r, &nr, &nr.v, &nr.n, req->volume_capability))
 		goto out;
-	strata_info("volume %s staged at %s, stratafs pid %d", nr.id, n.staging,
-		    (int)n.pid);
+	strata_info("volume %s staged at %s, stratafs pid %d", nr.id, nr.n.staging,
+		    (int)nr.n.pid);
 	csi_reply_ok(r, (void *)&csi_stage_out);
 out:
-	csi_state_free(&n);
-	csi_volume_free(&v);
 	csi_node_end(p, &nr);
 }
 
@@ -287,8 +287,6 @@ static void csi_node_unstage(struct csi_plugin *p, const ProtobufCMessage *msg,
 {
 	const Csi__V1__NodeUnstageVolumeRequest *req = (const void *)msg;
 	struct csi_node_req nr = { 0 };
-	struct csi_node_vol n = { 0 };
-	struct csi_volume v = { 0 };
 	int ret;
 
 	if (csi_node_check(r, &nr, req->volume_id, NULL, false) ||
@@ -296,10 +294,10 @@ static void csi_node_unstage(struct csi_plugin *p, const ProtobufCMessage *msg,
 			  nr.staging) ||
 	    csi_node_lock(p, r, &nr))
 		goto out;
-	ret = csi_state_load(&p->store, nr.id, &n);
+	ret = csi_state_load(&p->store, nr.id, &nr.n);
 	if (ret == -ENOENT) {
 		/* unstaged already; a volume that never existed is NOT_FOUND */
-		if (!csi_node_volume(p, r, nr.id, &v))
+		if (!csi_node_volume(p, r, nr.id, &nr.v))
 			csi_reply_ok(r, (void *)&csi_unstage_out);
 		goto out;
 	}
@@ -307,19 +305,19 @@ static void csi_node_unstage(struct csi_plugin *p, const ProtobufCMessage *msg,
 		csi_reply_errno(r, ret, "node record");
 		goto out;
 	}
-	if (strcmp(n.staging, nr.staging)) {
+	if (strcmp(nr.n.staging, nr.staging)) {
 		csi_reply_set(r, GRPC_STATUS_FAILED_PRECONDITION,
 			      "volume %s is staged at %s, not at %s", nr.id,
-			      n.staging, nr.staging);
+			      nr.n.staging, nr.staging);
 		goto out;
 	}
-	if (n.ntargets) {
+	if (nr.n.ntargets) {
 		csi_reply_set(r, GRPC_STATUS_FAILED_PRECONDITION,
 			      "volume %s is still published at %s: unpublish it first",
-			      nr.id, n.targets[0].path);
+			      nr.id, nr.n.targets[0].path);
 		goto out;
 	}
-	ret = csi_daemon_stop(p, &n);
+	ret = csi_daemon_stop(p, &nr.n);
 	if (ret) {
 		csi_reply_errno(r, ret, "unmounting the staging path");
 		goto out;
@@ -330,11 +328,9 @@ static void csi_node_unstage(struct csi_plugin *p, const ProtobufCMessage *msg,
 		goto out;
 	}
 	csi_state_remove_stats(&p->store, nr.id);
-	strata_info("volume %s unstaged from %s", nr.id, n.staging);
+	strata_info("volume %s unstaged from %s", nr.id, nr.n.staging);
 	csi_reply_ok(r, (void *)&csi_unstage_out);
 out:
-	csi_state_free(&n);
-	csi_volume_free(&v);
 	csi_node_end(p, &nr);
 }
 
@@ -489,8 +485,6 @@ static void csi_node_publish(struct csi_plugin *p, const ProtobufCMessage *msg,
 {
 	const Csi__V1__NodePublishVolumeRequest *req = (const void *)msg;
 	struct csi_node_req nr = { 0 };
-	struct csi_node_vol n = { 0 };
-	struct csi_volume v = { 0 };
 	struct csi_target *t;
 	bool ro, created = false;
 	char why[512];
@@ -506,12 +500,12 @@ static void csi_node_publish(struct csi_plugin *p, const ProtobufCMessage *msg,
 				 req->staging_target_path, nr.staging)) {
 		goto out;
 	}
-	if (csi_node_lock(p, r, &nr) || csi_node_volume(p, r, nr.id, &v) ||
-	    csi_node_staged(p, r, nr.id, nr.staging, &n))
+	if (csi_node_lock(p, r, &nr) || csi_node_volume(p, r, nr.id, &nr.v) ||
+	    csi_node_staged(p, r, nr.id, nr.staging, &nr.n))
 		goto out;
 	ro = req->readonly || (nr.mflags & MS_RDONLY) ||
 	     csi_capability_readonly(req->volume_capability);
-	t = csi_state_target(&n, nr.path);
+	t = csi_state_target(&nr.n, nr.path);
 	if (t) {
 		if (t->readonly != ro || strcmp(t->flags, nr.flags)) {
 			csi_reply_set(r, GRPC_STATUS_ALREADY_EXISTS,
@@ -519,19 +513,25 @@ static void csi_node_publish(struct csi_plugin *p, const ProtobufCMessage *msg,
 				      nr.id, nr.path);
 			goto out;
 		}
-		if (!csi_mount_same(n.staging, nr.path)) {
+		if (!csi_mount_same(nr.n.staging, nr.path)) {
 			csi_reply_ok(r, (void *)&csi_publish_out);
 			goto out;
 		}
 		/* recorded but its mount is gone: bind it again below */
-		csi_state_drop_target(&n, nr.path);
+		csi_state_drop_target(&nr.n, nr.path);
 	}
-	if (!csi_daemon_alive(&n) || csi_mount_alive(n.staging)) {
-		ret = csi_heal(p, &v, &n, why, sizeof(why));
+	if (!csi_daemon_alive(&nr.n) || csi_mount_alive(nr.n.staging)) {
+		ret = csi_heal(p, &nr.v, &nr.n, why, sizeof(why));
 		if (ret) {
 			csi_reply_set(r, GRPC_STATUS_INTERNAL, "%s", why);
 			goto out;
 		}
+	}
+	if (!csi_mount_find(nr.path, NULL, 0, NULL, 0)) {
+		csi_reply_set(r, GRPC_STATUS_ALREADY_EXISTS,
+			      "%s already has a mount that is not this volume's",
+			      nr.path);
+		goto out;
 	}
 	if (mkdir(nr.path, 0750) == 0)
 		created = true;
@@ -539,14 +539,14 @@ static void csi_node_publish(struct csi_plugin *p, const ProtobufCMessage *msg,
 		csi_reply_errno(r, -errno, "target_path");
 		goto out;
 	}
-	ret = csi_mount_bind(n.staging, nr.path, nr.mflags | (ro ? MS_RDONLY : 0));
+	ret = csi_mount_bind(nr.n.staging, nr.path, nr.mflags | (ro ? MS_RDONLY : 0));
 	if (ret) {
 		csi_reply_errno(r, ret, "bind mount");
 		goto out_rmdir;
 	}
-	ret = csi_state_add_target(&n, nr.path, ro, nr.flags);
+	ret = csi_state_add_target(&nr.n, nr.path, ro, nr.flags);
 	if (!ret)
-		ret = csi_state_save(&p->store, &n);
+		ret = csi_state_save(&p->store, &nr.n);
 	if (ret) {
 		csi_mount_umount(nr.path);
 		csi_reply_errno(r, ret, "saving the node record");
@@ -558,8 +558,6 @@ out_rmdir:
 	if (created)
 		rmdir(nr.path);
 out:
-	csi_state_free(&n);
-	csi_volume_free(&v);
 	csi_node_end(p, &nr);
 }
 
@@ -572,8 +570,7 @@ static void csi_node_unpublish(struct csi_plugin *p, const ProtobufCMessage *msg
 {
 	const Csi__V1__NodeUnpublishVolumeRequest *req = (const void *)msg;
 	struct csi_node_req nr = { 0 };
-	struct csi_node_vol n = { 0 };
-	struct csi_volume v = { 0 };
+	char fstype[64];
 	bool staged;
 	int ret;
 
@@ -582,15 +579,27 @@ static void csi_node_unpublish(struct csi_plugin *p, const ProtobufCMessage *msg
 		goto out;
 	/* kubelet names an inline volume by its own id */
 	if (!csi_volume_id_valid(nr.id) && csi_ephemeral_id_valid(nr.id) &&
-	    csi_volume_find(&p->store, nr.id, true, &v) == 0) {
-		memcpy(nr.own_id, v.id, sizeof(nr.own_id));
+	    csi_volume_find(&p->store, nr.id, true, &nr.v) == 0) {
+		memcpy(nr.own_id, nr.v.id, sizeof(nr.own_id));
 		nr.id = nr.own_id;
 	}
 	if (csi_node_lock(p, r, &nr))
 		goto out;
-	staged = csi_state_load(&p->store, nr.id, &n) == 0;
-	if (!staged && !v.name && csi_node_volume(p, r, nr.id, &v))
+	staged = csi_state_load(&p->store, nr.id, &nr.n) == 0;
+	if (!staged && !nr.v.name && csi_node_volume(p, r, nr.id, &nr.v))
 		goto out;
+	/*
+	 * Only this volume's bind mounts are undone: one it recorded, or any
+	 * stratafs mount left from a record that was lost; never another's.
+	 */
+	if (!csi_mount_find(nr.path, fstype, sizeof(fstype), NULL, 0) &&
+	    !(staged && csi_state_target(&nr.n, nr.path)) &&
+	    strcmp(fstype, "fuse.stratafs")) {
+		csi_reply_set(r, GRPC_STATUS_FAILED_PRECONDITION,
+			      "%s has a %s mount that is not this volume's",
+			      nr.path, fstype);
+		goto out;
+	}
 	while (!csi_mount_find(nr.path, NULL, 0, NULL, 0)) {
 		ret = csi_mount_umount(nr.path);
 		if (ret) {
@@ -602,20 +611,18 @@ static void csi_node_unpublish(struct csi_plugin *p, const ProtobufCMessage *msg
 		csi_reply_errno(r, -errno, "removing the target");
 		goto out;
 	}
-	if (staged && csi_state_target(&n, nr.path)) {
-		csi_state_drop_target(&n, nr.path);
-		ret = csi_state_save(&p->store, &n);
+	if (staged && csi_state_target(&nr.n, nr.path)) {
+		csi_state_drop_target(&nr.n, nr.path);
+		ret = csi_state_save(&p->store, &nr.n);
 		if (ret) {
 			csi_reply_errno(r, ret, "saving the node record");
 			goto out;
 		}
 	}
-	if (staged && v.ephemeral && csi_ephemeral_remove(p, r, &n))
+	if (staged && nr.v.ephemeral && csi_ephemeral_remove(p, r, &nr.n))
 		goto out;
 	csi_reply_ok(r, (void *)&csi_unpublish_out);
 out:
-	csi_state_free(&n);
-	csi_volume_free(&v);
 	csi_node_end(p, &nr);
 }
 
@@ -645,8 +652,6 @@ static void csi_node_stats(struct csi_plugin *p, const ProtobufCMessage *msg,
 	const Csi__V1__NodeGetVolumeStatsRequest *req = (const void *)msg;
 	Csi__V1__NodeGetVolumeStatsResponse *out;
 	struct csi_node_req nr = { 0 };
-	struct csi_node_vol n = { 0 };
-	struct csi_volume v = { 0 };
 	int64_t bytes, inodes, fs_avail, total;
 	struct statvfs st;
 	int ret;
@@ -658,10 +663,10 @@ static void csi_node_stats(struct csi_plugin *p, const ProtobufCMessage *msg,
 		goto out;
 	}
 	if (csi_node_path(r, "volume_path", req->volume_path, nr.path) ||
-	    csi_node_volume(p, r, nr.id, &v))
+	    csi_node_volume(p, r, nr.id, &nr.v))
 		goto out;
-	if (csi_state_load(&p->store, nr.id, &n) ||
-	    (strcmp(n.staging, nr.path) && !csi_state_target(&n, nr.path))) {
+	if (csi_state_load(&p->store, nr.id, &nr.n) ||
+	    (strcmp(nr.n.staging, nr.path) && !csi_state_target(&nr.n, nr.path))) {
 		csi_reply_set(r, GRPC_STATUS_NOT_FOUND,
 			      "%s is neither the staging path nor a target of volume %s",
 			      req->volume_path, nr.id);
@@ -675,7 +680,7 @@ static void csi_node_stats(struct csi_plugin *p, const ProtobufCMessage *msg,
 		goto out;
 	}
 	fs_avail = (int64_t)st.f_bavail * (int64_t)st.f_frsize;
-	total = v.capacity ? v.capacity : (int64_t)st.f_blocks * (int64_t)st.f_frsize;
+	total = nr.v.capacity ? nr.v.capacity : (int64_t)st.f_blocks * (int64_t)st.f_frsize;
 	out = csi_alloc(r, sizeof(*out));
 	if (!out)
 		goto out_nomem;
@@ -697,8 +702,6 @@ static void csi_node_stats(struct csi_plugin *p, const ProtobufCMessage *msg,
 out_nomem:
 	csi_reply_errno(r, -ENOMEM, "NodeGetVolumeStats");
 out:
-	csi_state_free(&n);
-	csi_volume_free(&v);
 	csi_node_end(p, &nr);
 }
 
@@ -712,21 +715,11 @@ static void csi_node_caps(struct csi_plugin *p, const ProtobufCMessage *msg,
 		/* kubelet must not chown a whole lower layer into the upper */
 		CSI__V1__NODE_SERVICE_CAPABILITY__RPC__TYPE__VOLUME_MOUNT_GROUP,
 	};
-	const size_t n = sizeof(types) / sizeof(types[0]);
-	Csi__V1__NodeGetCapabilitiesResponse *out = csi_alloc(r, sizeof(*out));
 
-	if (out) {
-		csi__v1__node_get_capabilities_response__init(out);
-		out->capabilities = (void *)csi_caps_build(
-			r, &csi__v1__node_service_capability__descriptor,
-			&csi__v1__node_service_capability__rpc__descriptor,
-			types, n);
-		out->n_capabilities = n;
-	}
-	if (!out || !out->capabilities)
-		csi_reply_errno(r, -ENOMEM, "NodeGetCapabilities");
-	else
-		csi_reply_ok(r, out);
+	csi_reply_caps(r, &csi__v1__node_get_capabilities_response__descriptor,
+		       &csi__v1__node_service_capability__descriptor,
+		       &csi__v1__node_service_capability__rpc__descriptor, types,
+		       sizeof(types) / sizeof(types[0]));
 }
 
 static void csi_node_info(struct csi_plugin *p, const ProtobufCMessage *msg,

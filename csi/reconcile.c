@@ -98,7 +98,25 @@ static const char *csi_check_staged(const struct csi_node_vol *n)
 	return NULL;
 }
 
-/* Checks one staged volume and heals it when needed; busy ones are skipped. */
+/* True when the staged volume needs healing, as seen without its lock. */
+static bool csi_needs_heal(struct csi_plugin *p, const char *id)
+{
+	struct csi_node_vol n;
+	bool wrong;
+
+	if (csi_state_load(&p->store, id, &n))
+		return false;
+	wrong = csi_check_staged(&n) != NULL;
+	csi_state_free(&n);
+	return wrong;
+}
+
+/*
+ * Checks one staged volume and heals it when needed. A healthy volume is
+ * checked without taking it busy, so that the periodic check never makes
+ * a kubelet call fail with ABORTED; only a heal takes it, and a volume
+ * busy with a call is left to the next round.
+ */
 static void csi_reconcile_one(struct csi_plugin *p, const char *id)
 {
 	struct csi_node_vol n;
@@ -107,8 +125,9 @@ static void csi_reconcile_one(struct csi_plugin *p, const char *id)
 	char why[512];
 	int ret;
 
-	if (csi_busy_enter(&p->store, id))
+	if (!csi_needs_heal(p, id) || csi_busy_enter(&p->store, id))
 		return;
+	/* again under the lock: a call may have fixed or removed it */
 	ret = csi_state_load(&p->store, id, &n);
 	if (ret)
 		goto out_leave;

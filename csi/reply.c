@@ -116,33 +116,6 @@ void csi_reply_volume(struct csi_reply *r, const char *volume_id)
 	snprintf(r->volume_id, sizeof(r->volume_id), "%s", volume_id);
 }
 
-const char *csi_code_name(grpc_status_code code)
-{
-	static const char *const names[] = {
-		[GRPC_STATUS_OK] = "OK",
-		[GRPC_STATUS_CANCELLED] = "CANCELLED",
-		[GRPC_STATUS_UNKNOWN] = "UNKNOWN",
-		[GRPC_STATUS_INVALID_ARGUMENT] = "INVALID_ARGUMENT",
-		[GRPC_STATUS_DEADLINE_EXCEEDED] = "DEADLINE_EXCEEDED",
-		[GRPC_STATUS_NOT_FOUND] = "NOT_FOUND",
-		[GRPC_STATUS_ALREADY_EXISTS] = "ALREADY_EXISTS",
-		[GRPC_STATUS_PERMISSION_DENIED] = "PERMISSION_DENIED",
-		[GRPC_STATUS_RESOURCE_EXHAUSTED] = "RESOURCE_EXHAUSTED",
-		[GRPC_STATUS_FAILED_PRECONDITION] = "FAILED_PRECONDITION",
-		[GRPC_STATUS_ABORTED] = "ABORTED",
-		[GRPC_STATUS_OUT_OF_RANGE] = "OUT_OF_RANGE",
-		[GRPC_STATUS_UNIMPLEMENTED] = "UNIMPLEMENTED",
-		[GRPC_STATUS_INTERNAL] = "INTERNAL",
-		[GRPC_STATUS_UNAVAILABLE] = "UNAVAILABLE",
-		[GRPC_STATUS_DATA_LOSS] = "DATA_LOSS",
-		[GRPC_STATUS_UNAUTHENTICATED] = "UNAUTHENTICATED",
-	};
-
-	if ((unsigned)code < sizeof(names) / sizeof(names[0]) && names[code])
-		return names[code];
-	return "UNKNOWN";
-}
-
 /*
  * Controller and node capabilities share one shape in the generated code
  * (a oneof holding an RPC message with a type enum), so one builder makes
@@ -159,10 +132,10 @@ struct csi_rpc_shape {
 	int type;
 };
 
-void **csi_caps_build(struct csi_reply *r,
-		      const ProtobufCMessageDescriptor *cap_desc,
-		      const ProtobufCMessageDescriptor *rpc_desc,
-		      const int *types, size_t n)
+static void **csi_caps_build(struct csi_reply *r,
+			     const ProtobufCMessageDescriptor *cap_desc,
+			     const ProtobufCMessageDescriptor *rpc_desc,
+			     const int *types, size_t n)
 {
 	void **caps = csi_alloc(r, n * sizeof(void *));
 
@@ -180,4 +153,28 @@ void **csi_caps_build(struct csi_reply *r,
 		caps[i] = c;
 	}
 	return caps;
+}
+
+/* Answers a Get*Capabilities call: its response is the list alone. */
+void csi_reply_caps(struct csi_reply *r,
+		    const ProtobufCMessageDescriptor *resp_desc,
+		    const ProtobufCMessageDescriptor *cap_desc,
+		    const ProtobufCMessageDescriptor *rpc_desc,
+		    const int *types, size_t n)
+{
+	struct {
+		ProtobufCMessage base;
+		size_t n_capabilities;
+		void **capabilities;
+	} *out = csi_alloc(r, resp_desc->sizeof_message);
+
+	if (out) {
+		protobuf_c_message_init(resp_desc, out);
+		out->capabilities = csi_caps_build(r, cap_desc, rpc_desc, types, n);
+		out->n_capabilities = n;
+	}
+	if (!out || !out->capabilities)
+		csi_reply_errno(r, -ENOMEM, resp_desc->short_name);
+	else
+		csi_reply_ok(r, out);
 }

@@ -233,6 +233,7 @@ static int csi_call_unpack(struct csi_call *c)
 {
 	grpc_byte_buffer_reader reader;
 	grpc_slice all;
+	int ret;
 
 	if (!grpc_byte_buffer_reader_init(&reader, c->payload))
 		return -EBADMSG;
@@ -241,8 +242,12 @@ static int csi_call_unpack(struct csi_call *c)
 	c->req = protobuf_c_message_unpack(c->method->input, NULL,
 					    GRPC_SLICE_LENGTH(all),
 					    GRPC_SLICE_START_PTR(all));
+	ret = c->req ? csi_wire_strings_check(c->method->input,
+					      GRPC_SLICE_START_PTR(all),
+					      GRPC_SLICE_LENGTH(all), 0) :
+		       -EBADMSG;
 	grpc_slice_unref(all);
-	return c->req ? 0 : -EBADMSG;
+	return ret;
 }
 
 /* The request message is here: unpack it and hand it to its handler. */
@@ -262,7 +267,14 @@ static void csi_call_dispatch(struct csi_call *c, bool ok)
 			      "the call carried no request message");
 		goto out_reply;
 	}
-	if (csi_call_unpack(c)) {
+	switch (csi_call_unpack(c)) {
+	case 0:
+		break;
+	case -EINVAL:
+		csi_reply_set(&c->reply, GRPC_STATUS_INVALID_ARGUMENT,
+			      "malformed request: a string field holds a NUL byte");
+		goto out_reply;
+	default:
 		csi_reply_set(&c->reply, GRPC_STATUS_INVALID_ARGUMENT,
 			      "malformed request: not a valid %s message",
 			      c->method->input->name);

@@ -274,3 +274,70 @@ int csi_path_check(const char *path, char *why, size_t size)
 	}
 	return 0;
 }
+
+static int csi_varint(const uint8_t **p, const uint8_t *end, uint64_t *v)
+{
+	*v = 0;
+	for (int shift = 0; shift < 64; shift += 7) {
+		if (*p == end)
+			return -EBADMSG;
+		*v |= (uint64_t)(**p & 0x7f) << shift;
+		if (!(*(*p)++ & 0x80))
+			return 0;
+	}
+	return -EBADMSG;
+}
+
+/*
+ * protobuf-c hands strings over as C strings, so a NUL inside one would
+ * cut it short without a word ("base\0/../x" read as "base"). This walks
+ * the request's wire bytes with its descriptor and refuses a string that
+ * holds a NUL, in nested messages and map entries too. Run after a
+ * successful unpack, which already vouched for the framing.
+ */
+int csi_wire_strings_check(const ProtobufCMessageDescriptor *d,
+			   const uint8_t *data, size_t len, int depth)
+{
+	const uint8_t *p = data, *end = data + len;
+
+	if (depth > 32)
+		return -EBADMSG;
+	while (p < end) {
+		const ProtobufCFieldDescriptor *f;
+		uint64_t key, n;
+		int ret;
+
+		if (csi_varint(&p, end, &key))
+			return -EBADMSG;
+		switch (key & 7) {
+		case 0:
+			if (csi_varint(&p, end, &n))
+				return -EBADMSG;
+			break;
+		case 1:
+		case 5:
+			n = (key & 7) == 1 ? 8 : 4;
+			if ((uint64_t)(end - p) < n)
+				return -EBADMSG;
+			p += n;
+			break;
+		case 2:
+			if (csi_varint(&p, end, &n) || n > (uint64_t)(end - p))
+				return -EBADMSG;
+			f = protobuf_c_message_descriptor_get_field(d, key >> 3);
+			if (f && f->type == PROTOBUF_C_TYPE_STRING && memchr(p, 0, n))
+				return -EINVAL;
+			if (f && f->type == PROTOBUF_C_TYPE_MESSAGE) {
+				ret = csi_wire_strings_check(f->descriptor, p, n,
+							     depth + 1);
+				if (ret)
+					return ret;
+			}
+			p += n;
+			break;
+		default:
+			return -EBADMSG;
+		}
+	}
+	return 0;
+}
