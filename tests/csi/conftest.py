@@ -15,13 +15,14 @@ real mounts.  The fixtures:
 * ``kubelet``  -- csitest.Kubelet over ``strata``: create/stage/publish/...
                   asserting success.
 
-Whatever a test starts is killed and whatever it mounts below its tmp dir
+In teardown every live plugin gets SIGTERM and must exit 0 (a sanitizer
+build then reports its leaks), and a sanitizer report in any plugin or
+daemon log fails the test.  Whatever a test starts is killed and whatever it mounts below its tmp dir
 is lazily unmounted in teardown, even when the test fails; a per-test
 watchdog (default 60 s, @pytest.mark.timeout(N)) SIGKILLs the plugins and
 aborts the FUSE connections of a test that hangs.
 """
 
-import os
 import signal
 import sys
 import threading
@@ -73,18 +74,27 @@ def env(request, tmp_path):
     t = threading.Timer(limit, fire)
     t.daemon = True
     t.start()
+    failures = []
     try:
         yield e
     finally:
         t.cancel()
-        problems = e.cleanup()
-        _current.pop("env", None)
+        try:
+            if not fired:
+                failures += e.stop_plugins()
+        finally:
+            # even when interrupted: nothing may outlive the test
+            problems = e.cleanup()
+            _current.pop("env", None)
+        failures += e.sanitizer_reports()
     if fired:
         pytest.fail(f"test exceeded its {limit}s time limit (watchdog fired)",
                     pytrace=False)
     if problems:
         sys.stderr.write(f"\nteardown of {request.node.nodeid}: "
                          + "; ".join(problems) + "\n")
+    if failures:
+        pytest.fail("teardown: " + "\n".join(failures), pytrace=False)
 
 
 @pytest.fixture

@@ -753,6 +753,56 @@ class Env:
                 pass
         return pids
 
+    def stop_plugins(self):
+        """SIGTERM every live plugin (so a sanitizer build reports leaks);
+        return the problems: a plugin that did not exit 0."""
+        problems = []
+        for p in self.plugins:
+            # an idle client connection makes the server's shutdown wait
+            if p.csi is not None:
+                try:
+                    p.csi.close()
+                except Exception:
+                    pass
+            if p.alive():
+                p.proc.send_signal(signal.SIGTERM)
+        for p in self.plugins:
+            if p.proc is None or p.proc.returncode is not None:
+                continue
+            try:
+                rc = p.proc.wait(EXIT_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                problems.append(f"{p.name} did not exit within {EXIT_TIMEOUT}s "
+                                f"of SIGTERM:\n{p.log()[-2000:]}")
+                continue
+            if rc != 0:
+                problems.append(f"{p.name} exited {rc} on SIGTERM:\n{p.log()[-3000:]}")
+        return problems
+
+    def sanitizer_reports(self):
+        """Sanitizer reports in every plugin log and daemon log of the test."""
+        out = []
+        paths = [os.path.join(self.base, n) for n in os.listdir(self.base)
+                 if n.startswith("plugin") and n.endswith(".log")]
+        for p in self.plugins:
+            try:
+                paths += [p.path("node", n) for n in os.listdir(p.path("node"))
+                          if n.endswith(".log")]
+            except OSError:
+                pass
+        for path in sorted(set(paths)):
+            try:
+                with open(path, errors="replace") as f:
+                    text = f.read()
+            except OSError:
+                continue
+            found = sanitizer_findings(text)
+            if found:
+                i = min(text.find(m) for m in found if m in text)
+                out.append(f"{path}: {found}\n{text[max(0, i - 200):i + 4000]}")
+        return out
+
     def cleanup(self):
         """Kill what the test started and unmount what it mounted; return
         a list of problems worth a teardown note (processes still alive)."""
@@ -790,7 +840,22 @@ class Env:
 
 class Kubelet:
     """Drives one plugin the way kubelet and the external-provisioner do,
-    asserting success; each step returns what the next one needs."""
+    asserting success; each step returns what the next one needs.
+
+    Like kubelet, it retries a call answered ABORTED (the spec's "operation
+    pending for volume", retryable) a few times, so that these sequences
+    test their own subject; test_concurrency.py pins down when ABORTED may
+    and may not occur."""
+
+    ABORTED_RETRIES = 20
+
+    def _call(self, method, **kw):
+        for _ in range(self.ABORTED_RETRIES):
+            r = self.csi.call(method, **kw)
+            if r.code != "ABORTED":
+                return r
+            time.sleep(0.05)
+        return r
 
     def __init__(self, env, plugin):
         self.env = env
@@ -808,7 +873,7 @@ class Kubelet:
                   parameters=params)
         if capacity is not None:
             kw["capacity_range"] = pb().CapacityRange(required_bytes=capacity)
-        r = self.csi.CreateVolume(**kw)
+        r = self._call("CreateVolume", **kw)
         assert r.code == "OK", f"CreateVolume {name}: {r.code}: {r.details}"
         vid = r.reply.volume.volume_id
         assert VOLUME_ID_RE.match(vid), f"volume id {vid!r} is not sv-<32 hex>"
@@ -816,7 +881,7 @@ class Kubelet:
 
     def stage(self, vid, staging=None, capability=None):
         staging = staging or self.env.staging(vid)
-        r = self.csi.NodeStageVolume(volume_id=vid, staging_target_path=staging,
+        r = self._call("NodeStageVolume", volume_id=vid, staging_target_path=staging,
                                      volume_capability=capability or cap())
         assert r.code == "OK", (f"NodeStageVolume {vid}: {r.code}: {r.details}\n"
                                 f"plugin log:\n{self.p.log()[-3000:]}")
@@ -824,22 +889,22 @@ class Kubelet:
 
     def publish(self, vid, staging, target=None, readonly=False, capability=None):
         target = target or self.env.target(vid)
-        r = self.csi.NodePublishVolume(volume_id=vid, staging_target_path=staging,
+        r = self._call("NodePublishVolume", volume_id=vid, staging_target_path=staging,
                                        target_path=target, readonly=readonly,
                                        volume_capability=capability or cap())
         assert r.code == "OK", f"NodePublishVolume {vid}: {r.code}: {r.details}"
         return target
 
     def unpublish(self, vid, target):
-        r = self.csi.NodeUnpublishVolume(volume_id=vid, target_path=target)
+        r = self._call("NodeUnpublishVolume", volume_id=vid, target_path=target)
         assert r.code == "OK", f"NodeUnpublishVolume {vid}: {r.code}: {r.details}"
 
     def unstage(self, vid, staging):
-        r = self.csi.NodeUnstageVolume(volume_id=vid, staging_target_path=staging)
+        r = self._call("NodeUnstageVolume", volume_id=vid, staging_target_path=staging)
         assert r.code == "OK", f"NodeUnstageVolume {vid}: {r.code}: {r.details}"
 
     def delete(self, vid):
-        r = self.csi.DeleteVolume(volume_id=vid)
+        r = self._call("DeleteVolume", volume_id=vid)
         assert r.code == "OK", f"DeleteVolume {vid}: {r.code}: {r.details}"
 
 

@@ -3,6 +3,7 @@ flight."""
 
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -116,3 +117,24 @@ def test_operation_in_flight_aborted(env):
     kube.unstage(vid, st)
     kube.delete(vid)
     kube.delete(other)
+
+
+@pytest.mark.timeout(60)
+def test_no_aborted_without_concurrent_calls(env, kubelet, strata):
+    """Calls made one at a time never meet ABORTED: the plugin's own
+    background checks of staged volumes must not make a kubelet call fail."""
+    vid = kubelet.create("steady")
+    st = kubelet.stage(vid)
+    tgt = kubelet.publish(vid, st)
+    codes = {}
+    deadline = time.monotonic() + 6   # several check periods
+    n = 0
+    while time.monotonic() < deadline:
+        for r in (strata.csi.NodePublishVolume(volume_id=vid, staging_target_path=st,
+                                               target_path=tgt, volume_capability=cap()),
+                  strata.csi.NodeStageVolume(volume_id=vid, staging_target_path=st,
+                                             volume_capability=cap()),
+                  strata.csi.NodeGetVolumeStats(volume_id=vid, volume_path=tgt)):
+            codes[r.code] = codes.get(r.code, 0) + 1
+            n += 1
+    assert codes == {"OK": n}, codes

@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from csitest import (STRATAFS_FSTYPE, answers, assert_daemon_gone, cap, errno_of,
+from csitest import (STRATAFS_FSTYPE, answers, assert_daemon_gone, errno_of,
                      is_mounted, mounts_under, pid_alive, poll, read_file,
                      snapshot, write_file)
 
@@ -82,9 +82,7 @@ def test_restart_after_stage(env, kubelet, strata):
     strata.restart()                       # SIGKILL, start again
     assert pid_alive(pid) and strata.daemon_pid(vid) == pid, "daemon replaced"
     # kubelet carries on where it was: publish, use, tear down
-    assert kubelet.csi.NodeStageVolume(volume_id=vid, staging_target_path=st,
-                                       volume_capability=cap()
-                                       ).code == "OK"
+    kubelet.stage(vid, st)
     tgt = kubelet.publish(vid, st)
     assert read_file(os.path.join(tgt, "staged-data")) == b"before the crash"
     kubelet.unpublish(vid, tgt)
@@ -184,9 +182,7 @@ def test_heal_after_daemon_death_while_running(env, kubelet, strata):
     os.kill(pid, signal.SIGKILL)
     poll(lambda: errno_of(os.listdir, st) in (errno.ENOTCONN, 0), 5)
     # kubelet re-sends stage after a pod restart: the volume works again
-    assert kubelet.csi.NodeStageVolume(volume_id=vid, staging_target_path=st,
-                                       volume_capability=cap()
-                                       ).code == "OK"
+    kubelet.stage(vid, st)
     assert answers(st)
     assert read_file(os.path.join(st, "f")) == b"x"
     assert strata.daemon_pid(vid) != pid

@@ -5,14 +5,13 @@ import errno
 import os
 import signal
 import stat
-import threading
 
 import pytest
 
 from csitest import (DEFAULT_NODE, MiB, STRATAFS_FSTYPE, Kubelet, answers,
                      assert_daemon_gone, cap, errno_of, is_mounted, mount_opts,
                      mounts_at, mounts_under, pb, pid_alive, poll, read_file,
-                     stratafs_binary, write_file)
+                     write_file)
 
 UNKNOWN_ID = "sv-" + "f" * 32
 MALFORMED_IDS = ["", "sv-xyz", "../volumes", "sv-" + "F" * 32, "sv-" + "0" * 33]

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from csitest import (VOLUME_ID_RE, Kubelet, answers, cap, is_mounted, pb,
+from csitest import (Kubelet, answers, cap, is_mounted,
                      pid_alive, poll, raw_socket_send, sanitizer_findings,
                      strata_csi_binary, STRATAFS_FSTYPE)
 
