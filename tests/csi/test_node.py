@@ -450,9 +450,14 @@ def test_unstage_stops_daemon(env, kubelet, strata):
     assert os.path.isdir(strata.path("volumes", vid, "upper"))
 
 
-def test_unstage_unknown_ok(env, csi):
-    r = csi.NodeUnstageVolume(volume_id=UNKNOWN_ID, staging_target_path=env.staging())
-    assert r.code == "OK", r
+def test_unstage_unknown_volume_not_found(env, kubelet, csi):
+    """CSI v1.12's error table: a volume that does not exist is NOT_FOUND;
+    a volume that exists but is not staged (any more) is OK."""
+    st = env.staging()
+    r = csi.NodeUnstageVolume(volume_id=UNKNOWN_ID, staging_target_path=st)
+    assert r.code == "NOT_FOUND", r
+    vid = kubelet.create("v")
+    assert csi.NodeUnstageVolume(volume_id=vid, staging_target_path=st).code == "OK"
 
 
 def test_unstage_malformed_id_touches_nothing(env, kubelet, strata, csi):
