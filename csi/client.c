@@ -37,32 +37,37 @@ struct csi_client {
 	char *target; /* the endpoint as gRPC takes it: "unix:/abs" */
 };
 
-static const char *const csi_client_codes[] = {
-	[GRPC_STATUS_OK] = "OK",
-	[GRPC_STATUS_CANCELLED] = "CANCELLED",
-	[GRPC_STATUS_UNKNOWN] = "UNKNOWN",
-	[GRPC_STATUS_INVALID_ARGUMENT] = "INVALID_ARGUMENT",
-	[GRPC_STATUS_DEADLINE_EXCEEDED] = "DEADLINE_EXCEEDED",
-	[GRPC_STATUS_NOT_FOUND] = "NOT_FOUND",
-	[GRPC_STATUS_ALREADY_EXISTS] = "ALREADY_EXISTS",
-	[GRPC_STATUS_PERMISSION_DENIED] = "PERMISSION_DENIED",
-	[GRPC_STATUS_RESOURCE_EXHAUSTED] = "RESOURCE_EXHAUSTED",
-	[GRPC_STATUS_FAILED_PRECONDITION] = "FAILED_PRECONDITION",
-	[GRPC_STATUS_ABORTED] = "ABORTED",
-	[GRPC_STATUS_OUT_OF_RANGE] = "OUT_OF_RANGE",
-	[GRPC_STATUS_UNIMPLEMENTED] = "UNIMPLEMENTED",
-	[GRPC_STATUS_INTERNAL] = "INTERNAL",
-	[GRPC_STATUS_UNAVAILABLE] = "UNAVAILABLE",
-	[GRPC_STATUS_DATA_LOSS] = "DATA_LOSS",
-	[GRPC_STATUS_UNAUTHENTICATED] = "UNAUTHENTICATED",
-};
-
-const char *csi_client_code_name(grpc_status_code code)
+/*
+ * "NOT_FOUND": a status code as gRPC spells it. It lives here, in
+ * libcsiwire, because both sides need it: stratactl, which links only the
+ * wire, prints the codes it gets, and the plugin (libcsi links libcsiwire)
+ * logs and counts the codes it sends.
+ */
+const char *csi_code_name(grpc_status_code code)
 {
-	if ((unsigned)code >= sizeof(csi_client_codes) / sizeof(*csi_client_codes) ||
-	    !csi_client_codes[code])
-		return "UNKNOWN";
-	return csi_client_codes[code];
+	static const char *const names[] = {
+		[GRPC_STATUS_OK] = "OK",
+		[GRPC_STATUS_CANCELLED] = "CANCELLED",
+		[GRPC_STATUS_UNKNOWN] = "UNKNOWN",
+		[GRPC_STATUS_INVALID_ARGUMENT] = "INVALID_ARGUMENT",
+		[GRPC_STATUS_DEADLINE_EXCEEDED] = "DEADLINE_EXCEEDED",
+		[GRPC_STATUS_NOT_FOUND] = "NOT_FOUND",
+		[GRPC_STATUS_ALREADY_EXISTS] = "ALREADY_EXISTS",
+		[GRPC_STATUS_PERMISSION_DENIED] = "PERMISSION_DENIED",
+		[GRPC_STATUS_RESOURCE_EXHAUSTED] = "RESOURCE_EXHAUSTED",
+		[GRPC_STATUS_FAILED_PRECONDITION] = "FAILED_PRECONDITION",
+		[GRPC_STATUS_ABORTED] = "ABORTED",
+		[GRPC_STATUS_OUT_OF_RANGE] = "OUT_OF_RANGE",
+		[GRPC_STATUS_UNIMPLEMENTED] = "UNIMPLEMENTED",
+		[GRPC_STATUS_INTERNAL] = "INTERNAL",
+		[GRPC_STATUS_UNAVAILABLE] = "UNAVAILABLE",
+		[GRPC_STATUS_DATA_LOSS] = "DATA_LOSS",
+		[GRPC_STATUS_UNAUTHENTICATED] = "UNAUTHENTICATED",
+	};
+
+	if ((unsigned)code < sizeof(names) / sizeof(names[0]) && names[code])
+		return names[code];
+	return "UNKNOWN";
 }
 
 /*

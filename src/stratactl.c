@@ -9,7 +9,14 @@
  * its request, makes one call (list-volumes --all makes several) and prints
  * the reply: readable lines by default, one JSON object with --json.
  *
- * The JSON is not written per command: ctl_json_message() walks the
+ * A command is mostly its table entry: the RPC's path and descriptors, and
+ * the request field its argument fills. ctl_run() makes the request from
+ * the descriptor and ctl_fill() sets the fields that every request names
+ * alike (volume_id, the paths, the capability, the maps) from the options;
+ * a command is only offered the options its request has fields for. What
+ * one request alone has (CreateVolume's capacity range) is its `build`.
+ *
+ * The JSON is not written per command either: ctl_json.c walks the
  * protobuf-c descriptors, so field names are the proto's, enums are named,
  * maps become objects, and a field called "secrets" is never printed. The
  * readable output is per command, because a person wants a line, not a tree.
@@ -26,16 +33,16 @@
 #include <getopt.h>
 #include <inttypes.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <json-c/json.h>
 
 #include "csi.h"
+#include "ctl.h"
 
-#define CTL_PROG "stratactl"
 #define CTL_DEFAULT_TIMEOUT_MS 30000
 /* a day: longer is a typo, and the milliseconds must fit an int */
 #define CTL_MAX_TIMEOUT_S 86400.0
@@ -149,18 +156,76 @@ struct ctl_args {
 	struct ctl_kvs context;
 };
 
+/* What is `offset` bytes into m (a struct or a message), as a `type`. */
+#define CTL_AT(m, offset, type) (*(type *)((char *)(m) + (offset)))
+
+/*
+ * The options that keep only what they are given, and where: a string
+ * pointed at as it is, or a flag raised. The others parse their value in
+ * ctl_set_opt().
+ */
+static const struct ctl_slot {
+	int id;
+	size_t offset;		/* into struct ctl_args */
+	bool flag;		/* a bool; else a const char * */
+} ctl_slots[] = {
+	{ CTL_OPT_LAYERS, offsetof(struct ctl_args, layers), false },
+	{ CTL_OPT_BLOCK, offsetof(struct ctl_args, block), true },
+	{ CTL_OPT_STARTING_TOKEN, offsetof(struct ctl_args, starting_token), false },
+	{ CTL_OPT_ALL, offsetof(struct ctl_args, all), true },
+	{ CTL_OPT_STAGING_PATH, offsetof(struct ctl_args, staging), false },
+	{ CTL_OPT_TARGET, offsetof(struct ctl_args, target), false },
+	{ CTL_OPT_PATH, offsetof(struct ctl_args, path), false },
+	{ CTL_OPT_READONLY, offsetof(struct ctl_args, readonly), true },
+	{ CTL_OPT_MOUNT_GROUP, offsetof(struct ctl_args, mount_group), false },
+	{ CTL_OPT_FS_TYPE, offsetof(struct ctl_args, fs_type), false },
+};
+
 struct ctl;
 
+typedef void (*ctl_text_fn)(struct ctl *ctl, const ProtobufCMessage *reply);
+
+/* Whether a request carries the volume capability of the options. */
+enum ctl_cap {
+	CTL_CAP_NONE = 0,
+	CTL_CAP_ALWAYS,
+	CTL_CAP_ASKED,		/* only with --access-mode or --block */
+};
+
+/*
+ * A command: its help, what it takes, and the RPC it makes. ctl_run()
+ * makes the call from the fields below `method`; `run` replaces it where
+ * one call is not enough (list-volumes --all).
+ */
 struct ctl_cmd {
 	const char *name;
-	int (*run)(struct ctl *ctl);
 	const char *synopsis;	/* what follows the name */
 	const char *summary;
 	const char *options;	/* the option lines of `COMMAND --help` */
-	const int *opts;	/* the options it takes besides the common ones */
-	const int *need;	/* those of them it cannot do without */
+	const int *opts;	/* the options it takes besides the common ones; NULL: none */
+	const int *need;	/* those of them it cannot do without; NULL: none */
 	int min_pos, max_pos;	/* positional arguments */
+
+	const char *method;	/* "/csi.v1.Node/NodeGetInfo" */
+	const ProtobufCMessageDescriptor *request, *reply;
+	const char *arg;	/* the request field the argument fills */
+	enum ctl_cap cap;
+	/* What only this request has; returns 0 or an exit code. */
+	int (*build)(struct ctl *ctl, ProtobufCMessage *req);
+	ctl_text_fn text;	/* the readable reply */
+	/* The exit code a reply means (probe, validate); NULL: 0. */
+	int (*verdict)(const ProtobufCMessage *reply);
+	/* ctl_text_done: "<done> ID[ <done_prep> <done_opt's value>]" */
+	const char *done, *done_prep;
+	int done_opt;
+	int (*run)(struct ctl *ctl);
 };
+
+/* The RPC of a command: its path and the descriptors of its messages. */
+#define CTL_RPC(service, rpc, msg)                                         \
+	.method = "/csi.v1." #service "/" #rpc,                            \
+	.request = &csi__v1__##msg##_request__descriptor,                  \
+	.reply = &csi__v1__##msg##_response__descriptor
 
 struct ctl {
 	const char *endpoint;
@@ -176,7 +241,7 @@ struct ctl {
 
 /* ---- small helpers ---------------------------------------------------- */
 
-static void ctl_oom(void)
+void ctl_oom(void)
 {
 	fprintf(stderr, CTL_PROG ": out of memory\n");
 	exit(CTL_EXIT_FAIL);
@@ -355,7 +420,42 @@ static const char *ctl_enum_name(const ProtobufCEnumDescriptor *d, int value)
 	return ev ? ev->name : "UNKNOWN";
 }
 
+static const struct ctl_slot *ctl_slot(int id)
+{
+	for (size_t i = 0; i < sizeof(ctl_slots) / sizeof(*ctl_slots); i++)
+		if (ctl_slots[i].id == id)
+			return &ctl_slots[i];
+	return NULL;
+}
+
+/* The value a string option left in ctl->a; NULL or "" when not given. */
+static const char *ctl_opt_value(const struct ctl_args *a, int id)
+{
+	const struct ctl_slot *slot = ctl_slot(id);
+
+	if (!slot || slot->flag)
+		abort(); /* a table entry naming an option with no string value */
+	return CTL_AT(a, slot->offset, const char *const);
+}
+
 /* ---- requests --------------------------------------------------------- */
+
+/*
+ * The field `name` of m, of protobuf-c type `type`. The names are this
+ * file's, not input: one that the message lacks is a bug, not a request.
+ */
+static const ProtobufCFieldDescriptor *ctl_field(const ProtobufCMessage *m,
+						 const char *name,
+						 ProtobufCType type)
+{
+	const ProtobufCFieldDescriptor *f =
+		protobuf_c_message_descriptor_get_field_by_name(m->descriptor,
+								name);
+
+	if (!f || f->type != type)
+		abort(); /* a typo in a field name here: a bug, not input */
+	return f;
+}
 
 /*
  * Fills the map field `field` of `m` from `kvs`. protoc-c gives every
@@ -372,13 +472,10 @@ static void ctl_map_set(struct ctl *ctl, ProtobufCMessage *m,
 
 	if (!kvs->n)
 		return;
-	f = protobuf_c_message_descriptor_get_field_by_name(m->descriptor,
-							    field);
-	if (!f || f->label != PROTOBUF_C_LABEL_REPEATED ||
-	    f->type != PROTOBUF_C_TYPE_MESSAGE)
-		abort(); /* a typo in a field name here: a bug, not input */
+	f = ctl_field(m, field, PROTOBUF_C_TYPE_MESSAGE);
 	ed = f->descriptor;
-	if (ed->sizeof_message != sizeof(struct csi_map_entry))
+	if (f->label != PROTOBUF_C_LABEL_REPEATED ||
+	    ed->sizeof_message != sizeof(struct csi_map_entry))
 		abort();
 	e = ctl_alloc(ctl, kvs->n * sizeof(*e));
 	ptrs = ctl_alloc(ctl, kvs->n * sizeof(*ptrs));
@@ -388,8 +485,17 @@ static void ctl_map_set(struct ctl *ctl, ProtobufCMessage *m,
 		e[i].value = (char *)kvs->v[i].value;
 		ptrs[i] = &e[i];
 	}
-	*(size_t *)((char *)m + f->quantifier_offset) = kvs->n;
-	*(void ***)((char *)m + f->offset) = ptrs;
+	CTL_AT(m, f->quantifier_offset, size_t) = kvs->n;
+	CTL_AT(m, f->offset, void **) = ptrs;
+}
+
+/* The string field `field` of m, when there is a value to put in it. */
+static void ctl_string_set(ProtobufCMessage *m, const char *field,
+			   const char *value)
+{
+	if (value)
+		CTL_AT(m, ctl_field(m, field, PROTOBUF_C_TYPE_STRING)->offset,
+		       char *) = (char *)value;
 }
 
 /* The one capability a request carries: mount (or block) plus the mode. */
@@ -430,13 +536,59 @@ static Csi__V1__VolumeCapability *ctl_capability(struct ctl *ctl)
 	return cap;
 }
 
-/* A repeated capability field with the one capability in it. */
-static Csi__V1__VolumeCapability **ctl_capabilities(struct ctl *ctl)
+/*
+ * The capability into the request: one `volume_capability` (the node's
+ * requests), or a `volume_capabilities` list of one (the controller's).
+ */
+static void ctl_capability_set(struct ctl *ctl, ProtobufCMessage *req)
 {
-	Csi__V1__VolumeCapability **caps = ctl_alloc(ctl, sizeof(*caps));
+	const ProtobufCFieldDescriptor *f;
 
-	caps[0] = ctl_capability(ctl);
-	return caps;
+	f = protobuf_c_message_descriptor_get_field_by_name(req->descriptor,
+							    "volume_capability");
+	if (!f)
+		f = ctl_field(req, "volume_capabilities",
+			      PROTOBUF_C_TYPE_MESSAGE);
+	if (f->label == PROTOBUF_C_LABEL_REPEATED) {
+		Csi__V1__VolumeCapability **caps =
+			ctl_alloc(ctl, sizeof(*caps));
+
+		caps[0] = ctl_capability(ctl);
+		CTL_AT(req, f->quantifier_offset, size_t) = 1;
+		CTL_AT(req, f->offset, Csi__V1__VolumeCapability **) = caps;
+	} else {
+		CTL_AT(req, f->offset, Csi__V1__VolumeCapability *) =
+			ctl_capability(ctl);
+	}
+}
+
+/*
+ * The fields that requests name alike, from the command's argument and
+ * options. A command is offered only the options its request has fields
+ * for, and ctl_args holds nothing for an option not given, so every value
+ * found here has a field to go in.
+ */
+static void ctl_fill(struct ctl *ctl, ProtobufCMessage *req)
+{
+	const struct ctl_cmd *cmd = ctl->cmd;
+	const struct ctl_args *a = &ctl->a;
+
+	if (cmd->arg)
+		ctl_string_set(req, cmd->arg, a->pos[0]);
+	ctl_string_set(req, "staging_target_path", a->staging);
+	ctl_string_set(req, "target_path", a->target);
+	ctl_string_set(req, "volume_path", a->path);
+	if (a->readonly)
+		CTL_AT(req, ctl_field(req, "readonly",
+				      PROTOBUF_C_TYPE_BOOL)->offset,
+		       protobuf_c_boolean) = 1;
+	/* GetCapacity: no capability unless asked; then the plugin reports all. */
+	if (cmd->cap == CTL_CAP_ALWAYS ||
+	    (cmd->cap == CTL_CAP_ASKED && (a->access_mode || a->block)))
+		ctl_capability_set(ctl, req);
+	ctl_map_set(ctl, req, "volume_context", &a->context);
+	ctl_map_set(ctl, req, "parameters", &a->params);
+	ctl_map_set(ctl, req, "secrets", &a->secrets);
 }
 
 /* ---- the call --------------------------------------------------------- */
@@ -472,7 +624,7 @@ static int ctl_call(struct ctl *ctl, const char *method,
 	}
 	if (code != GRPC_STATUS_OK) {
 		fprintf(stderr, CTL_PROG ": %s: %s\n",
-			csi_client_code_name(code),
+			csi_code_name(code),
 			details && *details ? details : "(no message)");
 		if (code == GRPC_STATUS_UNAVAILABLE)
 			fprintf(stderr, CTL_PROG ": is a CSI plugin listening on %s?\n",
@@ -485,250 +637,6 @@ static int ctl_call(struct ctl *ctl, const char *method,
 	}
 	free(details);
 	return CTL_EXIT_OK;
-}
-
-/* ---- JSON, from the descriptors --------------------------------------- */
-
-static json_object *ctl_json_message(const ProtobufCMessage *m);
-
-static size_t ctl_field_size(const ProtobufCFieldDescriptor *f)
-{
-	switch (f->type) {
-	case PROTOBUF_C_TYPE_INT32:
-	case PROTOBUF_C_TYPE_SINT32:
-	case PROTOBUF_C_TYPE_SFIXED32:
-	case PROTOBUF_C_TYPE_UINT32:
-	case PROTOBUF_C_TYPE_FIXED32:
-	case PROTOBUF_C_TYPE_FLOAT:
-	case PROTOBUF_C_TYPE_ENUM:
-		return 4;
-	case PROTOBUF_C_TYPE_INT64:
-	case PROTOBUF_C_TYPE_SINT64:
-	case PROTOBUF_C_TYPE_SFIXED64:
-	case PROTOBUF_C_TYPE_UINT64:
-	case PROTOBUF_C_TYPE_FIXED64:
-	case PROTOBUF_C_TYPE_DOUBLE:
-		return 8;
-	case PROTOBUF_C_TYPE_BOOL:
-		return sizeof(protobuf_c_boolean);
-	case PROTOBUF_C_TYPE_STRING:
-	case PROTOBUF_C_TYPE_MESSAGE:
-		return sizeof(void *);
-	case PROTOBUF_C_TYPE_BYTES:
-		return sizeof(ProtobufCBinaryData);
-	}
-	return 0;
-}
-
-static json_object *ctl_json_base64(const ProtobufCBinaryData *b)
-{
-	static const char tab[] =
-		"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-	size_t n = 4 * ((b->len + 2) / 3), j = 0;
-	json_object *o;
-	char *s;
-
-	s = malloc(n + 1);
-	if (!s)
-		ctl_oom();
-	for (size_t i = 0; i < b->len; i += 3) {
-		uint32_t v = (uint32_t)b->data[i] << 16;
-
-		if (i + 1 < b->len)
-			v |= (uint32_t)b->data[i + 1] << 8;
-		if (i + 2 < b->len)
-			v |= b->data[i + 2];
-		s[j++] = tab[(v >> 18) & 63];
-		s[j++] = tab[(v >> 12) & 63];
-		s[j++] = i + 1 < b->len ? tab[(v >> 6) & 63] : '=';
-		s[j++] = i + 2 < b->len ? tab[v & 63] : '=';
-	}
-	s[j] = '\0';
-	o = json_object_new_string(s);
-	free(s);
-	return o;
-}
-
-/* google.protobuf.Timestamp as RFC 3339, as proto3's JSON mapping has it. */
-static json_object *ctl_json_timestamp(const ProtobufCMessage *m)
-{
-	const ProtobufCMessageDescriptor *d = m->descriptor;
-	const ProtobufCFieldDescriptor *fs, *fn;
-	char buf[64];
-	struct tm tm;
-	time_t secs;
-	int32_t nanos;
-	size_t n;
-
-	fs = protobuf_c_message_descriptor_get_field_by_name(d, "seconds");
-	fn = protobuf_c_message_descriptor_get_field_by_name(d, "nanos");
-	if (!fs || !fn)
-		return ctl_json_message(m);
-	secs = (time_t)*(const int64_t *)((const char *)m + fs->offset);
-	nanos = *(const int32_t *)((const char *)m + fn->offset);
-	if (!gmtime_r(&secs, &tm))
-		return json_object_new_int64((int64_t)secs);
-	n = strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%S", &tm);
-	if (nanos > 0 && nanos < 1000000000)
-		n += snprintf(buf + n, sizeof(buf) - n, ".%09d", nanos);
-	snprintf(buf + n, sizeof(buf) - n, "Z");
-	return json_object_new_string(buf);
-}
-
-/* One value of field f stored at p. */
-static json_object *ctl_json_value(const ProtobufCFieldDescriptor *f,
-				   const void *p)
-{
-	switch (f->type) {
-	case PROTOBUF_C_TYPE_INT32:
-	case PROTOBUF_C_TYPE_SINT32:
-	case PROTOBUF_C_TYPE_SFIXED32:
-		return json_object_new_int(*(const int32_t *)p);
-	case PROTOBUF_C_TYPE_UINT32:
-	case PROTOBUF_C_TYPE_FIXED32:
-		return json_object_new_int64(*(const uint32_t *)p);
-	case PROTOBUF_C_TYPE_INT64:
-	case PROTOBUF_C_TYPE_SINT64:
-	case PROTOBUF_C_TYPE_SFIXED64:
-		return json_object_new_int64(*(const int64_t *)p);
-	case PROTOBUF_C_TYPE_UINT64:
-	case PROTOBUF_C_TYPE_FIXED64:
-		return json_object_new_uint64(*(const uint64_t *)p);
-	case PROTOBUF_C_TYPE_FLOAT:
-		return json_object_new_double(*(const float *)p);
-	case PROTOBUF_C_TYPE_DOUBLE:
-		return json_object_new_double(*(const double *)p);
-	case PROTOBUF_C_TYPE_BOOL:
-		return json_object_new_boolean(*(const protobuf_c_boolean *)p);
-	case PROTOBUF_C_TYPE_ENUM: {
-		const ProtobufCEnumValue *ev = protobuf_c_enum_descriptor_get_value(
-			f->descriptor, *(const int *)p);
-
-		return ev ? json_object_new_string(ev->name) :
-			    json_object_new_int(*(const int *)p);
-	}
-	case PROTOBUF_C_TYPE_STRING: {
-		const char *s = *(char *const *)p;
-
-		return json_object_new_string(s ? s : "");
-	}
-	case PROTOBUF_C_TYPE_BYTES:
-		return ctl_json_base64(p);
-	case PROTOBUF_C_TYPE_MESSAGE: {
-		const ProtobufCMessage *sub = *(ProtobufCMessage *const *)p;
-		const ProtobufCMessageDescriptor *d;
-
-		if (!sub)
-			return NULL;
-		d = sub->descriptor;
-		/* Wrappers print as the value they wrap, as proto3 JSON does. */
-		if (strncmp(d->name, "google.protobuf.", 16) == 0) {
-			if (strcmp(d->name, "google.protobuf.Timestamp") == 0)
-				return ctl_json_timestamp(sub);
-			if (d->n_fields == 1 &&
-			    strcmp(d->fields[0].name, "value") == 0)
-				return ctl_json_value(&d->fields[0],
-						      (const char *)sub +
-							      d->fields[0].offset);
-		}
-		return ctl_json_message(sub);
-	}
-	}
-	return NULL;
-}
-
-/* protoc-c marks no map entries as such: a repeated "...Entry{key,value}" */
-static bool ctl_field_is_map(const ProtobufCFieldDescriptor *f)
-{
-	const ProtobufCMessageDescriptor *d = f->descriptor;
-	size_t len;
-
-	if (f->label != PROTOBUF_C_LABEL_REPEATED ||
-	    f->type != PROTOBUF_C_TYPE_MESSAGE || d->n_fields != 2)
-		return false;
-	len = strlen(d->name);
-	return len > 5 && strcmp(d->name + len - 5, "Entry") == 0 &&
-	       strcmp(d->fields[0].name, "key") == 0 &&
-	       strcmp(d->fields[1].name, "value") == 0;
-}
-
-static json_object *ctl_json_message(const ProtobufCMessage *m)
-{
-	const ProtobufCMessageDescriptor *d = m->descriptor;
-	json_object *obj = json_object_new_object();
-
-	for (unsigned i = 0; i < d->n_fields; i++) {
-		const ProtobufCFieldDescriptor *f = &d->fields[i];
-		const char *base = (const char *)m;
-		const void *p = base + f->offset;
-		json_object *v = NULL;
-
-		/* Never printed, whatever a reply carries. */
-		if (strcmp(f->name, "secrets") == 0)
-			continue;
-		if (f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) {
-			if (*(const uint32_t *)(base + f->quantifier_offset) !=
-			    f->id)
-				continue;
-		} else if (f->label == PROTOBUF_C_LABEL_OPTIONAL &&
-			   f->type != PROTOBUF_C_TYPE_MESSAGE &&
-			   f->type != PROTOBUF_C_TYPE_STRING) {
-			if (!*(const protobuf_c_boolean *)(base +
-							   f->quantifier_offset))
-				continue;
-		}
-
-		if (f->label == PROTOBUF_C_LABEL_REPEATED) {
-			size_t n = *(const size_t *)(base + f->quantifier_offset);
-			const char *arr = *(char *const *)p;
-			size_t size = ctl_field_size(f);
-			bool map = ctl_field_is_map(f);
-
-			v = map ? json_object_new_object() :
-				  json_object_new_array();
-			for (size_t j = 0; j < n; j++) {
-				const void *ep = arr + j * size;
-
-				if (map) {
-					const ProtobufCMessage *e =
-						*(ProtobufCMessage *const *)ep;
-					const ProtobufCMessageDescriptor *ed =
-						f->descriptor;
-					const char *key = *(char *const *)(
-						(const char *)e + ed->fields[0].offset);
-
-					json_object_object_add(
-						v, key ? key : "",
-						ctl_json_value(&ed->fields[1],
-							       (const char *)e +
-								       ed->fields[1].offset));
-				} else {
-					json_object_array_add(
-						v, ctl_json_value(f, ep));
-				}
-			}
-		} else {
-			v = ctl_json_value(f, p);
-			if (!v) /* an absent message */
-				continue;
-		}
-		json_object_object_add(obj, f->name, v);
-	}
-	return obj;
-}
-
-static void ctl_print_json(json_object *obj)
-{
-	puts(json_object_to_json_string_ext(
-		obj, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE));
-}
-
-static void ctl_print_reply_json(const ProtobufCMessage *m)
-{
-	json_object *obj = ctl_json_message(m);
-
-	ctl_print_json(obj);
-	json_object_put(obj);
 }
 
 /* ---- readable output -------------------------------------------------- */
@@ -783,25 +691,48 @@ static void ctl_print_condition(const Csi__V1__VolumeCondition *c)
 
 /* ---- commands --------------------------------------------------------- */
 
-typedef void (*ctl_text_fn)(struct ctl *ctl, const ProtobufCMessage *reply);
-
-/* One call, its reply printed: as JSON, or by `text` as readable lines. */
-static int ctl_run(struct ctl *ctl, const char *method,
-		   const ProtobufCMessage *req,
-		   const ProtobufCMessageDescriptor *out_desc, ctl_text_fn text)
+/*
+ * One call, its reply printed: as JSON, or by the command's text printer
+ * as readable lines. The request is made from the descriptor, filled from
+ * the options by ctl_fill() after the command's own `build`.
+ */
+static int ctl_run(struct ctl *ctl)
 {
-	ProtobufCMessage *out;
+	const struct ctl_cmd *cmd = ctl->cmd;
+	ProtobufCMessage *req, *out;
 	int ret;
 
-	ret = ctl_call(ctl, method, req, out_desc, &out);
+	req = ctl_alloc(ctl, cmd->request->sizeof_message);
+	protobuf_c_message_init(cmd->request, req);
+	if (cmd->build) {
+		ret = cmd->build(ctl, req);
+		if (ret)
+			return ret;
+	}
+	ctl_fill(ctl, req);
+
+	ret = ctl_call(ctl, cmd->method, req, cmd->reply, &out);
 	if (ret)
 		return ret;
 	if (ctl->json)
 		ctl_print_reply_json(out);
 	else
-		text(ctl, out);
+		cmd->text(ctl, out);
+	ret = cmd->verdict ? cmd->verdict(out) : CTL_EXIT_OK;
 	protobuf_c_message_free_unpacked(out, NULL);
-	return CTL_EXIT_OK;
+	return ret;
+}
+
+/* The commands whose reply is empty say what was done: "staged ID at P". */
+static void ctl_text_done(struct ctl *ctl, const ProtobufCMessage *reply)
+{
+	const struct ctl_cmd *cmd = ctl->cmd;
+
+	printf("%s %s", cmd->done, ctl->a.pos[0]);
+	if (cmd->done_prep)
+		printf(" %s %s", cmd->done_prep,
+		       ctl_opt_value(&ctl->a, cmd->done_opt));
+	printf("%s\n", ctl->a.readonly ? " read-only" : "");
 }
 
 static void ctl_text_info(struct ctl *ctl, const ProtobufCMessage *reply)
@@ -814,15 +745,6 @@ static void ctl_text_info(struct ctl *ctl, const ProtobufCMessage *reply)
 	for (size_t i = 0; i < r->n_manifest; i++)
 		printf("manifest %s=%s\n", r->manifest[i]->key,
 		       r->manifest[i]->value);
-}
-
-static int ctl_info(struct ctl *ctl)
-{
-	Csi__V1__GetPluginInfoRequest req = CSI__V1__GET_PLUGIN_INFO_REQUEST__INIT;
-
-	return ctl_run(ctl, "/csi.v1.Identity/GetPluginInfo", &req.base,
-		       &csi__v1__get_plugin_info_response__descriptor,
-		       ctl_text_info);
 }
 
 static void ctl_text_plugin_caps(struct ctl *ctl, const ProtobufCMessage *reply)
@@ -848,37 +770,52 @@ static void ctl_text_plugin_caps(struct ctl *ctl, const ProtobufCMessage *reply)
 	}
 }
 
-static int ctl_plugin_caps(struct ctl *ctl)
+/*
+ * ControllerGetCapabilities and NodeGetCapabilities answer alike: a list
+ * of `capabilities`, each a oneof whose `rpc` holds a `type` enum. The
+ * descriptors say where each lives, so one printer serves both.
+ */
+static void ctl_text_rpc_caps(struct ctl *ctl, const ProtobufCMessage *reply)
 {
-	Csi__V1__GetPluginCapabilitiesRequest req =
-		CSI__V1__GET_PLUGIN_CAPABILITIES_REQUEST__INIT;
+	const ProtobufCFieldDescriptor *fcaps, *frpc, *ftype;
+	const ProtobufCMessage *const *caps;
+	size_t n;
 
-	return ctl_run(ctl, "/csi.v1.Identity/GetPluginCapabilities", &req.base,
-		       &csi__v1__get_plugin_capabilities_response__descriptor,
-		       ctl_text_plugin_caps);
+	fcaps = ctl_field(reply, "capabilities", PROTOBUF_C_TYPE_MESSAGE);
+	n = CTL_AT(reply, fcaps->quantifier_offset, const size_t);
+	caps = CTL_AT(reply, fcaps->offset, const ProtobufCMessage *const *const);
+	for (size_t i = 0; i < n; i++) {
+		const ProtobufCMessage *c = caps[i], *rpc;
+		const char *name = "UNKNOWN";
+
+		frpc = ctl_field(c, "rpc", PROTOBUF_C_TYPE_MESSAGE);
+		rpc = CTL_AT(c, frpc->offset, const ProtobufCMessage *const);
+		if (CTL_AT(c, frpc->quantifier_offset, const uint32_t) ==
+			    frpc->id && rpc) {
+			ftype = ctl_field(rpc, "type", PROTOBUF_C_TYPE_ENUM);
+			name = ctl_enum_name(ftype->descriptor,
+					     CTL_AT(rpc, ftype->offset, const int));
+		}
+		printf("%s\n", name);
+	}
 }
 
-static int ctl_probe(struct ctl *ctl)
+/* The spec: an absent `ready` means ready. */
+static bool ctl_probe_ready(const ProtobufCMessage *reply)
 {
-	Csi__V1__ProbeRequest req = CSI__V1__PROBE_REQUEST__INIT;
-	Csi__V1__ProbeResponse *r;
-	ProtobufCMessage *out;
-	bool ready;
-	int ret;
+	const Csi__V1__ProbeResponse *r = (const Csi__V1__ProbeResponse *)reply;
 
-	ret = ctl_call(ctl, "/csi.v1.Identity/Probe", &req.base,
-		       &csi__v1__probe_response__descriptor, &out);
-	if (ret)
-		return ret;
-	r = (Csi__V1__ProbeResponse *)out;
-	/* The spec: an absent `ready` means ready. */
-	ready = !r->ready || r->ready->value;
-	if (ctl->json)
-		ctl_print_reply_json(out);
-	else
-		printf("%s\n", ready ? "ready" : "not ready");
-	protobuf_c_message_free_unpacked(out, NULL);
-	return ready ? CTL_EXIT_OK : CTL_EXIT_FAIL;
+	return !r->ready || r->ready->value;
+}
+
+static void ctl_text_probe(struct ctl *ctl, const ProtobufCMessage *reply)
+{
+	printf("%s\n", ctl_probe_ready(reply) ? "ready" : "not ready");
+}
+
+static int ctl_verdict_probe(const ProtobufCMessage *reply)
+{
+	return ctl_probe_ready(reply) ? CTL_EXIT_OK : CTL_EXIT_FAIL;
 }
 
 static void ctl_text_create_volume(struct ctl *ctl, const ProtobufCMessage *reply)
@@ -890,47 +827,26 @@ static void ctl_text_create_volume(struct ctl *ctl, const ProtobufCMessage *repl
 	printf("\n");
 }
 
-static int ctl_create_volume(struct ctl *ctl)
+/* CreateVolume's own: the capacity range, and --layers as a parameter. */
+static int ctl_build_create_volume(struct ctl *ctl, ProtobufCMessage *req)
 {
-	Csi__V1__CreateVolumeRequest req = CSI__V1__CREATE_VOLUME_REQUEST__INIT;
-	Csi__V1__CapacityRange range = CSI__V1__CAPACITY_RANGE__INIT;
+	Csi__V1__CreateVolumeRequest *r = (Csi__V1__CreateVolumeRequest *)req;
 	struct ctl_args *a = &ctl->a;
 
-	req.name = a->pos[0];
 	if (a->capacity >= 0 || a->limit >= 0) {
-		range.required_bytes = a->capacity > 0 ? a->capacity : 0;
-		range.limit_bytes = a->limit > 0 ? a->limit : 0;
-		req.capacity_range = &range;
+		Csi__V1__CapacityRange *range = ctl_alloc(ctl, sizeof(*range));
+
+		csi__v1__capacity_range__init(range);
+		range->required_bytes = a->capacity > 0 ? a->capacity : 0;
+		range->limit_bytes = a->limit > 0 ? a->limit : 0;
+		r->capacity_range = range;
 	}
-	req.n_volume_capabilities = 1;
-	req.volume_capabilities = ctl_capabilities(ctl);
 	if (a->layers) {
 		if (ctl_kvs_has(&a->params, "layers"))
 			return ctl_usage_error(ctl, "give the layers once: --layers or --param layers=");
 		ctl_kvs_put(ctl, &a->params, "layers", a->layers);
 	}
-	ctl_map_set(ctl, &req.base, "parameters", &a->params);
-	ctl_map_set(ctl, &req.base, "secrets", &a->secrets);
-
-	return ctl_run(ctl, "/csi.v1.Controller/CreateVolume", &req.base,
-		       &csi__v1__create_volume_response__descriptor,
-		       ctl_text_create_volume);
-}
-
-static void ctl_text_delete_volume(struct ctl *ctl, const ProtobufCMessage *reply)
-{
-	printf("deleted %s\n", ctl->a.pos[0]);
-}
-
-static int ctl_delete_volume(struct ctl *ctl)
-{
-	Csi__V1__DeleteVolumeRequest req = CSI__V1__DELETE_VOLUME_REQUEST__INIT;
-
-	req.volume_id = ctl->a.pos[0];
-	ctl_map_set(ctl, &req.base, "secrets", &ctl->a.secrets);
-	return ctl_run(ctl, "/csi.v1.Controller/DeleteVolume", &req.base,
-		       &csi__v1__delete_volume_response__descriptor,
-		       ctl_text_delete_volume);
+	return 0;
 }
 
 static void ctl_print_capability(const Csi__V1__VolumeCapability *c)
@@ -955,33 +871,12 @@ static void ctl_print_capability(const Csi__V1__VolumeCapability *c)
 	}
 }
 
-static int ctl_validate(struct ctl *ctl)
+static void ctl_text_validate(struct ctl *ctl, const ProtobufCMessage *reply)
 {
-	Csi__V1__ValidateVolumeCapabilitiesRequest req =
-		CSI__V1__VALIDATE_VOLUME_CAPABILITIES_REQUEST__INIT;
-	Csi__V1__ValidateVolumeCapabilitiesResponse *r;
-	ProtobufCMessage *out;
-	bool confirmed;
-	int ret;
+	const Csi__V1__ValidateVolumeCapabilitiesResponse *r =
+		(const Csi__V1__ValidateVolumeCapabilitiesResponse *)reply;
 
-	req.volume_id = ctl->a.pos[0];
-	req.n_volume_capabilities = 1;
-	req.volume_capabilities = ctl_capabilities(ctl);
-	ctl_map_set(ctl, &req.base, "volume_context", &ctl->a.context);
-	ctl_map_set(ctl, &req.base, "parameters", &ctl->a.params);
-	ctl_map_set(ctl, &req.base, "secrets", &ctl->a.secrets);
-
-	ret = ctl_call(ctl, "/csi.v1.Controller/ValidateVolumeCapabilities",
-		       &req.base,
-		       &csi__v1__validate_volume_capabilities_response__descriptor,
-		       &out);
-	if (ret)
-		return ret;
-	r = (Csi__V1__ValidateVolumeCapabilitiesResponse *)out;
-	confirmed = r->confirmed != NULL;
-	if (ctl->json) {
-		ctl_print_reply_json(out);
-	} else if (confirmed) {
+	if (r->confirmed) {
 		printf("confirmed");
 		for (size_t i = 0; i < r->confirmed->n_volume_capabilities; i++)
 			ctl_print_capability(r->confirmed->volume_capabilities[i]);
@@ -990,8 +885,14 @@ static int ctl_validate(struct ctl *ctl)
 		printf("not confirmed%s%s\n", *r->message ? ": " : "",
 		       r->message);
 	}
-	protobuf_c_message_free_unpacked(out, NULL);
-	return confirmed ? CTL_EXIT_OK : CTL_EXIT_FAIL;
+}
+
+static int ctl_verdict_validate(const ProtobufCMessage *reply)
+{
+	const Csi__V1__ValidateVolumeCapabilitiesResponse *r =
+		(const Csi__V1__ValidateVolumeCapabilitiesResponse *)reply;
+
+	return r->confirmed ? CTL_EXIT_OK : CTL_EXIT_FAIL;
 }
 
 static void ctl_print_entry(const Csi__V1__ListVolumesResponse__Entry *e)
@@ -1007,6 +908,17 @@ static void ctl_print_entry(const Csi__V1__ListVolumesResponse__Entry *e)
 			printf(" abnormal: %s", st->volume_condition->message);
 	}
 	printf("\n");
+}
+
+static void ctl_text_list_volumes(struct ctl *ctl, const ProtobufCMessage *reply)
+{
+	const Csi__V1__ListVolumesResponse *r =
+		(const Csi__V1__ListVolumesResponse *)reply;
+
+	for (size_t i = 0; i < r->n_entries; i++)
+		ctl_print_entry(r->entries[i]);
+	if (!ctl->a.all && *r->next_token)
+		printf("next_token %s\n", r->next_token);
 }
 
 /*
@@ -1039,28 +951,17 @@ static int ctl_list_volumes(struct ctl *ctl)
 			ret = CTL_EXIT_FAIL;
 			break;
 		}
-		ret = ctl_call(ctl, "/csi.v1.Controller/ListVolumes", &req.base,
-			       &csi__v1__list_volumes_response__descriptor,
-			       &out);
+		ret = ctl_call(ctl, ctl->cmd->method, &req.base,
+			       ctl->cmd->reply, &out);
 		if (ret)
 			break;
 		r = (Csi__V1__ListVolumesResponse *)out;
-		if (merged) {
-			json_object *o = ctl_json_message(out);
-			json_object *entries = json_object_object_get(o, "entries");
-
-			for (size_t i = 0; i < json_object_array_length(entries); i++)
-				json_object_array_add(all_entries,
-					json_object_get(json_object_array_get_idx(entries, i)));
-			json_object_put(o);
-		} else if (ctl->json) {
+		if (merged)
+			ctl_json_append(all_entries, out, "entries");
+		else if (ctl->json)
 			ctl_print_reply_json(out);
-		} else {
-			for (size_t i = 0; i < r->n_entries; i++)
-				ctl_print_entry(r->entries[i]);
-			if (!ctl->a.all && *r->next_token)
-				printf("next_token %s\n", r->next_token);
-		}
+		else
+			ctl_text_list_volumes(ctl, out);
 		if (!ctl->a.all || !*r->next_token) {
 			protobuf_c_message_free_unpacked(out, NULL);
 			break;
@@ -1106,129 +1007,6 @@ static void ctl_text_capacity(struct ctl *ctl, const ProtobufCMessage *reply)
 		       r->minimum_volume_size->value);
 }
 
-static int ctl_capacity(struct ctl *ctl)
-{
-	Csi__V1__GetCapacityRequest req = CSI__V1__GET_CAPACITY_REQUEST__INIT;
-
-	/* No capability unless asked: then the plugin reports all it has. */
-	if (ctl->a.access_mode || ctl->a.block) {
-		req.n_volume_capabilities = 1;
-		req.volume_capabilities = ctl_capabilities(ctl);
-	}
-	ctl_map_set(ctl, &req.base, "parameters", &ctl->a.params);
-	return ctl_run(ctl, "/csi.v1.Controller/GetCapacity", &req.base,
-		       &csi__v1__get_capacity_response__descriptor,
-		       ctl_text_capacity);
-}
-
-static void ctl_text_controller_caps(struct ctl *ctl, const ProtobufCMessage *reply)
-{
-	const Csi__V1__ControllerGetCapabilitiesResponse *r =
-		(const Csi__V1__ControllerGetCapabilitiesResponse *)reply;
-
-	for (size_t i = 0; i < r->n_capabilities; i++) {
-		const Csi__V1__ControllerServiceCapability *c =
-			r->capabilities[i];
-
-		printf("%s\n",
-		       c->type_case == CSI__V1__CONTROLLER_SERVICE_CAPABILITY__TYPE_RPC &&
-				       c->rpc ?
-			       ctl_enum_name(&csi__v1__controller_service_capability__rpc__type__descriptor,
-					     c->rpc->type) :
-			       "UNKNOWN");
-	}
-}
-
-static int ctl_controller_caps(struct ctl *ctl)
-{
-	Csi__V1__ControllerGetCapabilitiesRequest req =
-		CSI__V1__CONTROLLER_GET_CAPABILITIES_REQUEST__INIT;
-
-	return ctl_run(ctl, "/csi.v1.Controller/ControllerGetCapabilities", &req.base,
-		       &csi__v1__controller_get_capabilities_response__descriptor,
-		       ctl_text_controller_caps);
-}
-
-static void ctl_text_stage(struct ctl *ctl, const ProtobufCMessage *reply)
-{
-	printf("staged %s at %s\n", ctl->a.pos[0],
-	       ctl->a.staging);
-}
-
-static int ctl_stage(struct ctl *ctl)
-{
-	Csi__V1__NodeStageVolumeRequest req =
-		CSI__V1__NODE_STAGE_VOLUME_REQUEST__INIT;
-
-	req.volume_id = ctl->a.pos[0];
-	req.staging_target_path = (char *)ctl->a.staging;
-	req.volume_capability = ctl_capability(ctl);
-	ctl_map_set(ctl, &req.base, "volume_context", &ctl->a.context);
-	ctl_map_set(ctl, &req.base, "secrets", &ctl->a.secrets);
-	return ctl_run(ctl, "/csi.v1.Node/NodeStageVolume", &req.base,
-		       &csi__v1__node_stage_volume_response__descriptor,
-		       ctl_text_stage);
-}
-
-static void ctl_text_unstage(struct ctl *ctl, const ProtobufCMessage *reply)
-{
-	printf("unstaged %s from %s\n", ctl->a.pos[0],
-	       ctl->a.staging);
-}
-
-static int ctl_unstage(struct ctl *ctl)
-{
-	Csi__V1__NodeUnstageVolumeRequest req =
-		CSI__V1__NODE_UNSTAGE_VOLUME_REQUEST__INIT;
-
-	req.volume_id = ctl->a.pos[0];
-	req.staging_target_path = (char *)ctl->a.staging;
-	return ctl_run(ctl, "/csi.v1.Node/NodeUnstageVolume", &req.base,
-		       &csi__v1__node_unstage_volume_response__descriptor,
-		       ctl_text_unstage);
-}
-
-static void ctl_text_publish(struct ctl *ctl, const ProtobufCMessage *reply)
-{
-	printf("published %s at %s%s\n", ctl->a.pos[0],
-	       ctl->a.target, ctl->a.readonly ? " read-only" : "");
-}
-
-static int ctl_publish(struct ctl *ctl)
-{
-	Csi__V1__NodePublishVolumeRequest req =
-		CSI__V1__NODE_PUBLISH_VOLUME_REQUEST__INIT;
-
-	req.volume_id = ctl->a.pos[0];
-	req.staging_target_path = (char *)ctl->a.staging;
-	req.target_path = (char *)ctl->a.target;
-	req.readonly = ctl->a.readonly;
-	req.volume_capability = ctl_capability(ctl);
-	ctl_map_set(ctl, &req.base, "volume_context", &ctl->a.context);
-	ctl_map_set(ctl, &req.base, "secrets", &ctl->a.secrets);
-	return ctl_run(ctl, "/csi.v1.Node/NodePublishVolume", &req.base,
-		       &csi__v1__node_publish_volume_response__descriptor,
-		       ctl_text_publish);
-}
-
-static void ctl_text_unpublish(struct ctl *ctl, const ProtobufCMessage *reply)
-{
-	printf("unpublished %s from %s\n", ctl->a.pos[0],
-	       ctl->a.target);
-}
-
-static int ctl_unpublish(struct ctl *ctl)
-{
-	Csi__V1__NodeUnpublishVolumeRequest req =
-		CSI__V1__NODE_UNPUBLISH_VOLUME_REQUEST__INIT;
-
-	req.volume_id = ctl->a.pos[0];
-	req.target_path = (char *)ctl->a.target;
-	return ctl_run(ctl, "/csi.v1.Node/NodeUnpublishVolume", &req.base,
-		       &csi__v1__node_unpublish_volume_response__descriptor,
-		       ctl_text_unpublish);
-}
-
 static void ctl_text_stats(struct ctl *ctl, const ProtobufCMessage *reply)
 {
 	const Csi__V1__NodeGetVolumeStatsResponse *r =
@@ -1247,20 +1025,6 @@ static void ctl_text_stats(struct ctl *ctl, const ProtobufCMessage *reply)
 	ctl_print_condition(r->volume_condition);
 }
 
-static int ctl_stats(struct ctl *ctl)
-{
-	Csi__V1__NodeGetVolumeStatsRequest req =
-		CSI__V1__NODE_GET_VOLUME_STATS_REQUEST__INIT;
-
-	req.volume_id = ctl->a.pos[0];
-	req.volume_path = (char *)ctl->a.path;
-	if (ctl->a.staging)
-		req.staging_target_path = (char *)ctl->a.staging;
-	return ctl_run(ctl, "/csi.v1.Node/NodeGetVolumeStats", &req.base,
-		       &csi__v1__node_get_volume_stats_response__descriptor,
-		       ctl_text_stats);
-}
-
 static void ctl_text_node_info(struct ctl *ctl, const ProtobufCMessage *reply)
 {
 	const Csi__V1__NodeGetInfoResponse *r =
@@ -1274,43 +1038,6 @@ static void ctl_text_node_info(struct ctl *ctl, const ProtobufCMessage *reply)
 			printf("topology %s=%s\n",
 			       r->accessible_topology->segments[i]->key,
 			       r->accessible_topology->segments[i]->value);
-}
-
-static int ctl_node_info(struct ctl *ctl)
-{
-	Csi__V1__NodeGetInfoRequest req = CSI__V1__NODE_GET_INFO_REQUEST__INIT;
-
-	return ctl_run(ctl, "/csi.v1.Node/NodeGetInfo", &req.base,
-		       &csi__v1__node_get_info_response__descriptor,
-		       ctl_text_node_info);
-}
-
-static void ctl_text_node_caps(struct ctl *ctl, const ProtobufCMessage *reply)
-{
-	const Csi__V1__NodeGetCapabilitiesResponse *r =
-		(const Csi__V1__NodeGetCapabilitiesResponse *)reply;
-
-	for (size_t i = 0; i < r->n_capabilities; i++) {
-		const Csi__V1__NodeServiceCapability *c =
-			r->capabilities[i];
-
-		printf("%s\n",
-		       c->type_case == CSI__V1__NODE_SERVICE_CAPABILITY__TYPE_RPC &&
-				       c->rpc ?
-			       ctl_enum_name(&csi__v1__node_service_capability__rpc__type__descriptor,
-					     c->rpc->type) :
-			       "UNKNOWN");
-	}
-}
-
-static int ctl_node_caps(struct ctl *ctl)
-{
-	Csi__V1__NodeGetCapabilitiesRequest req =
-		CSI__V1__NODE_GET_CAPABILITIES_REQUEST__INIT;
-
-	return ctl_run(ctl, "/csi.v1.Node/NodeGetCapabilities", &req.base,
-		       &csi__v1__node_get_capabilities_response__descriptor,
-		       ctl_text_node_caps);
 }
 
 /* ---- the command table ------------------------------------------------ */
@@ -1330,8 +1057,13 @@ static int ctl_node_caps(struct ctl *ctl)
 	"                      none are sent otherwise, none are ever printed)\n"
 #define CTL_HELP_CONTEXT                                                       \
 	"  --context K=V       an entry of volume_context (repeatable)\n"
+#define CTL_HELP_PARAM                                                         \
+	"  --param K=V         a parameter (repeatable)\n"
+#define CTL_HELP_STAGING                                                       \
+	"  --staging-path P    staging_target_path (required)\n"
+#define CTL_HELP_TARGET                                                        \
+	"  --target T          target_path (required)\n"
 
-static const int ctl_opts_none[] = { CTL_OPT_END };
 static const int ctl_opts_create[] = {
 	CTL_OPT_LAYERS, CTL_OPT_CAPACITY, CTL_OPT_LIMIT, CTL_OPT_PARAM,
 	CTL_OPT_ACCESS_MODE, CTL_OPT_BLOCK, CTL_OPT_SECRET, CTL_OPT_END,
@@ -1370,57 +1102,64 @@ static const int ctl_need_publish[] = {
 static const int ctl_need_target[] = { CTL_OPT_TARGET, CTL_OPT_END };
 static const int ctl_need_path[] = { CTL_OPT_PATH, CTL_OPT_END };
 
+/* A command with no options or arguments of its own. */
+#define CTL_PLAIN(cmd, service, rpc, msg, printer, what)                    \
+	{ .name = cmd, .synopsis = "", .summary = what,                     \
+	  CTL_RPC(service, rpc, msg), .text = printer }
+/* A command on one volume, the ID its argument. */
+#define CTL_ID .min_pos = 1, .max_pos = 1, .arg = "volume_id"
+/* A command whose reply is empty: "<verb> ID <prep> <opt's value>". */
+#define CTL_DONE(verb, prep, opt)                                          \
+	.text = ctl_text_done, .done = verb, .done_prep = prep, .done_opt = opt
+
+/* NULL opts, need: none; run NULL: ctl_run. */
 static const struct ctl_cmd ctl_cmds[] = {
+	CTL_PLAIN("info", Identity, GetPluginInfo, get_plugin_info,
+		  ctl_text_info, "the plugin's name and version (GetPluginInfo)"),
+	CTL_PLAIN("plugin-caps", Identity, GetPluginCapabilities,
+		  get_plugin_capabilities, ctl_text_plugin_caps,
+		  "the plugin's capabilities, one per line (GetPluginCapabilities)"),
 	{
-		.name = "info", .run = ctl_info, .synopsis = "",
-		.summary = "the plugin's name and version (GetPluginInfo)",
-		.opts = ctl_opts_none, .need = ctl_opts_none,
-	},
-	{
-		.name = "plugin-caps", .run = ctl_plugin_caps, .synopsis = "",
-		.summary = "the plugin's capabilities, one per line (GetPluginCapabilities)",
-		.opts = ctl_opts_none, .need = ctl_opts_none,
-	},
-	{
-		.name = "probe", .run = ctl_probe, .synopsis = "",
+		.name = "probe", .synopsis = "",
 		.summary = "whether the plugin is ready (Probe); exits 1 when not",
-		.opts = ctl_opts_none, .need = ctl_opts_none,
+		CTL_RPC(Identity, Probe, probe),
+		.text = ctl_text_probe, .verdict = ctl_verdict_probe,
 	},
 	{
-		.name = "create-volume", .run = ctl_create_volume,
+		.name = "create-volume",
 		.synopsis = "NAME [--layers a,b] [--capacity SIZE] [--limit SIZE] [--param K=V ...] [--access-mode MODE] [--block]",
 		.summary = "create a volume, or find the one of that name (CreateVolume)",
 		.options =
 			"  --layers a,b        the layer chain, top first: parameters[\"layers\"]\n"
 			"  --capacity SIZE     capacity_range.required_bytes\n"
 			"  --limit SIZE        capacity_range.limit_bytes\n"
-			"  --param K=V         a parameter (repeatable)\n"
-			CTL_HELP_CAP CTL_HELP_SECRET
+			CTL_HELP_PARAM CTL_HELP_CAP CTL_HELP_SECRET
 			"\nSIZE is bytes, or K/M/G/T (powers of 1000) or Ki/Mi/Gi/Ti (powers\n"
 			"of 1024), with an optional B: 1Gi, 512M, 1GiB.\n",
-		.opts = ctl_opts_create, .need = ctl_opts_none,
-		.min_pos = 1, .max_pos = 1,
+		.opts = ctl_opts_create, .min_pos = 1, .max_pos = 1,
+		CTL_RPC(Controller, CreateVolume, create_volume),
+		.arg = "name", .cap = CTL_CAP_ALWAYS,
+		.build = ctl_build_create_volume, .text = ctl_text_create_volume,
 	},
 	{
-		.name = "delete-volume", .run = ctl_delete_volume,
-		.synopsis = "ID",
+		.name = "delete-volume", .synopsis = "ID",
 		.summary = "delete a volume (DeleteVolume)",
-		.options = CTL_HELP_SECRET,
-		.opts = ctl_opts_delete, .need = ctl_opts_none,
-		.min_pos = 1, .max_pos = 1,
+		.options = CTL_HELP_SECRET, .opts = ctl_opts_delete, CTL_ID,
+		CTL_RPC(Controller, DeleteVolume, delete_volume),
+		CTL_DONE("deleted", NULL, 0),
 	},
 	{
-		.name = "validate", .run = ctl_validate,
-		.synopsis = "ID [--access-mode MODE] [--block]",
+		.name = "validate", .synopsis = "ID [--access-mode MODE] [--block]",
 		.summary = "whether the volume takes a capability (ValidateVolumeCapabilities); exits 1 when not",
-		.options = CTL_HELP_CAP CTL_HELP_CONTEXT
-			"  --param K=V         a parameter (repeatable)\n"
+		.options = CTL_HELP_CAP CTL_HELP_CONTEXT CTL_HELP_PARAM
 			CTL_HELP_SECRET,
-		.opts = ctl_opts_validate, .need = ctl_opts_none,
-		.min_pos = 1, .max_pos = 1,
+		.opts = ctl_opts_validate, CTL_ID, .cap = CTL_CAP_ALWAYS,
+		CTL_RPC(Controller, ValidateVolumeCapabilities,
+			validate_volume_capabilities),
+		.text = ctl_text_validate, .verdict = ctl_verdict_validate,
 	},
 	{
-		.name = "list-volumes", .run = ctl_list_volumes,
+		.name = "list-volumes",
 		.synopsis = "[--max-entries N] [--starting-token T] [--all]",
 		.summary = "the volumes, one per line (ListVolumes)",
 		.options =
@@ -1428,80 +1167,77 @@ static const struct ctl_cmd ctl_cmds[] = {
 			"  --starting-token T  continue from a previous reply's next_token\n"
 			"  --all               follow next_token to the end (with --json: one\n"
 			"                      object holding every entry)\n",
-		.opts = ctl_opts_list, .need = ctl_opts_none,
+		.opts = ctl_opts_list,
+		CTL_RPC(Controller, ListVolumes, list_volumes),
+		.run = ctl_list_volumes,
 	},
 	{
-		.name = "capacity", .run = ctl_capacity,
+		.name = "capacity",
 		.synopsis = "[--access-mode MODE] [--block] [--param K=V ...]",
 		.summary = "the capacity left for new volumes (GetCapacity)",
-		.options = CTL_HELP_CAP
-			"  --param K=V         a parameter (repeatable)\n"
+		.options = CTL_HELP_CAP CTL_HELP_PARAM
 			"\nNo capability is sent unless --access-mode or --block is given.\n",
-		.opts = ctl_opts_capacity, .need = ctl_opts_none,
+		.opts = ctl_opts_capacity, .cap = CTL_CAP_ASKED,
+		CTL_RPC(Controller, GetCapacity, get_capacity),
+		.text = ctl_text_capacity,
 	},
+	CTL_PLAIN("controller-caps", Controller, ControllerGetCapabilities,
+		  controller_get_capabilities, ctl_text_rpc_caps,
+		  "the controller's capabilities, one per line (ControllerGetCapabilities)"),
 	{
-		.name = "controller-caps", .run = ctl_controller_caps,
-		.synopsis = "",
-		.summary = "the controller's capabilities, one per line (ControllerGetCapabilities)",
-		.opts = ctl_opts_none, .need = ctl_opts_none,
-	},
-	{
-		.name = "stage", .run = ctl_stage,
-		.synopsis = "ID --staging-path P [OPTIONS]",
+		.name = "stage", .synopsis = "ID --staging-path P [OPTIONS]",
 		.summary = "mount a volume on its staging path (NodeStageVolume)",
-		.options = "  --staging-path P    staging_target_path (required)\n"
-			CTL_HELP_CAP CTL_HELP_MOUNT CTL_HELP_CONTEXT
-			CTL_HELP_SECRET,
-		.opts = ctl_opts_stage, .need = ctl_need_staging,
-		.min_pos = 1, .max_pos = 1,
+		.options = CTL_HELP_STAGING CTL_HELP_CAP CTL_HELP_MOUNT
+			CTL_HELP_CONTEXT CTL_HELP_SECRET,
+		.opts = ctl_opts_stage, .need = ctl_need_staging, CTL_ID,
+		.cap = CTL_CAP_ALWAYS,
+		CTL_RPC(Node, NodeStageVolume, node_stage_volume),
+		CTL_DONE("staged", "at", CTL_OPT_STAGING_PATH),
 	},
 	{
-		.name = "unstage", .run = ctl_unstage,
-		.synopsis = "ID --staging-path P",
+		.name = "unstage", .synopsis = "ID --staging-path P",
 		.summary = "unmount a volume from its staging path (NodeUnstageVolume)",
-		.options = "  --staging-path P    staging_target_path (required)\n",
-		.opts = ctl_opts_unstage, .need = ctl_need_staging,
-		.min_pos = 1, .max_pos = 1,
+		.options = CTL_HELP_STAGING,
+		.opts = ctl_opts_unstage, .need = ctl_need_staging, CTL_ID,
+		CTL_RPC(Node, NodeUnstageVolume, node_unstage_volume),
+		CTL_DONE("unstaged", "from", CTL_OPT_STAGING_PATH),
 	},
 	{
-		.name = "publish", .run = ctl_publish,
+		.name = "publish",
 		.synopsis = "ID --staging-path P --target T [OPTIONS]",
 		.summary = "bind a staged volume to a target path (NodePublishVolume)",
-		.options = "  --staging-path P    staging_target_path (required)\n"
-			"  --target T          target_path (required)\n"
+		.options = CTL_HELP_STAGING CTL_HELP_TARGET
 			"  --readonly          publish read-only\n"
 			CTL_HELP_CAP CTL_HELP_MOUNT CTL_HELP_CONTEXT
 			CTL_HELP_SECRET,
-		.opts = ctl_opts_publish, .need = ctl_need_publish,
-		.min_pos = 1, .max_pos = 1,
+		.opts = ctl_opts_publish, .need = ctl_need_publish, CTL_ID,
+		.cap = CTL_CAP_ALWAYS,
+		CTL_RPC(Node, NodePublishVolume, node_publish_volume),
+		CTL_DONE("published", "at", CTL_OPT_TARGET),
 	},
 	{
-		.name = "unpublish", .run = ctl_unpublish,
-		.synopsis = "ID --target T",
+		.name = "unpublish", .synopsis = "ID --target T",
 		.summary = "unmount a target path (NodeUnpublishVolume)",
-		.options = "  --target T          target_path (required)\n",
-		.opts = ctl_opts_unpublish, .need = ctl_need_target,
-		.min_pos = 1, .max_pos = 1,
+		.options = CTL_HELP_TARGET,
+		.opts = ctl_opts_unpublish, .need = ctl_need_target, CTL_ID,
+		CTL_RPC(Node, NodeUnpublishVolume, node_unpublish_volume),
+		CTL_DONE("unpublished", "from", CTL_OPT_TARGET),
 	},
 	{
-		.name = "stats", .run = ctl_stats,
-		.synopsis = "ID --path P [--staging-path P]",
+		.name = "stats", .synopsis = "ID --path P [--staging-path P]",
 		.summary = "bytes and inodes used and free (NodeGetVolumeStats)",
 		.options = "  --path P            volume_path (required)\n"
 			"  --staging-path P    staging_target_path\n",
-		.opts = ctl_opts_stats, .need = ctl_need_path,
-		.min_pos = 1, .max_pos = 1,
+		.opts = ctl_opts_stats, .need = ctl_need_path, CTL_ID,
+		CTL_RPC(Node, NodeGetVolumeStats, node_get_volume_stats),
+		.text = ctl_text_stats,
 	},
-	{
-		.name = "node-info", .run = ctl_node_info, .synopsis = "",
-		.summary = "the node's id, volume limit and topology (NodeGetInfo)",
-		.opts = ctl_opts_none, .need = ctl_opts_none,
-	},
-	{
-		.name = "node-caps", .run = ctl_node_caps, .synopsis = "",
-		.summary = "the node's capabilities, one per line (NodeGetCapabilities)",
-		.opts = ctl_opts_none, .need = ctl_opts_none,
-	},
+	CTL_PLAIN("node-info", Node, NodeGetInfo, node_get_info,
+		  ctl_text_node_info,
+		  "the node's id, volume limit and topology (NodeGetInfo)"),
+	CTL_PLAIN("node-caps", Node, NodeGetCapabilities, node_get_capabilities,
+		  ctl_text_rpc_caps,
+		  "the node's capabilities, one per line (NodeGetCapabilities)"),
 };
 #define CTL_NCMDS (sizeof(ctl_cmds) / sizeof(*ctl_cmds))
 
@@ -1552,21 +1288,29 @@ static void ctl_cmd_help(const struct ctl_cmd *cmd)
 
 static bool ctl_opt_in(const int *list, int id)
 {
-	for (; *list != CTL_OPT_END; list++)
+	for (; list && *list != CTL_OPT_END; list++)
 		if (*list == id)
 			return true;
 	return false;
 }
 
-/* The value of a option, into ctl->a or the globals. */
+/* The value of an option, into ctl->a or the globals. */
 static int ctl_set_opt(struct ctl *ctl, int id, const char *name,
 		       const char *arg)
 {
+	const struct ctl_slot *slot = ctl_slot(id);
 	struct ctl_args *a = &ctl->a;
 	char *end;
 	long v;
 	int ret;
 
+	if (slot) {
+		if (slot->flag)
+			CTL_AT(a, slot->offset, bool) = true;
+		else
+			CTL_AT(a, slot->offset, const char *) = arg;
+		return 0;
+	}
 	switch (id) {
 	case CTL_OPT_ENDPOINT:
 		ctl->endpoint = arg;
@@ -1589,9 +1333,6 @@ static int ctl_set_opt(struct ctl *ctl, int id, const char *name,
 			ctl->timeout_ms++;
 		break;
 	}
-	case CTL_OPT_LAYERS:
-		a->layers = arg;
-		break;
 	case CTL_OPT_CAPACITY:
 	case CTL_OPT_LIMIT:
 		ret = ctl_parse_size(arg, id == CTL_OPT_CAPACITY ? &a->capacity :
@@ -1614,9 +1355,6 @@ static int ctl_set_opt(struct ctl *ctl, int id, const char *name,
 					       arg);
 		a->access_mode = ret;
 		break;
-	case CTL_OPT_BLOCK:
-		a->block = true;
-		break;
 	case CTL_OPT_MAX_ENTRIES:
 		errno = 0;
 		v = strtol(arg, &end, 10);
@@ -1625,32 +1363,8 @@ static int ctl_set_opt(struct ctl *ctl, int id, const char *name,
 					       arg);
 		a->max_entries = (int32_t)v;
 		break;
-	case CTL_OPT_STARTING_TOKEN:
-		a->starting_token = arg;
-		break;
-	case CTL_OPT_ALL:
-		a->all = true;
-		break;
-	case CTL_OPT_STAGING_PATH:
-		a->staging = arg;
-		break;
-	case CTL_OPT_TARGET:
-		a->target = arg;
-		break;
-	case CTL_OPT_PATH:
-		a->path = arg;
-		break;
-	case CTL_OPT_READONLY:
-		a->readonly = true;
-		break;
 	case CTL_OPT_MOUNT_FLAG:
 		ctl_strv_add(ctl, &a->mount_flags, arg);
-		break;
-	case CTL_OPT_MOUNT_GROUP:
-		a->mount_group = arg;
-		break;
-	case CTL_OPT_FS_TYPE:
-		a->fs_type = arg;
 		break;
 	default:
 		return ctl_usage_error(ctl, "option --%s is not taken here", name);
@@ -1666,26 +1380,12 @@ static const char *ctl_opt_name(int id)
 	return "?";
 }
 
-/* The value a required option left in ctl->a; NULL or "" when not given. */
-static const char *ctl_required_value(const struct ctl_args *a, int id)
-{
-	switch (id) {
-	case CTL_OPT_STAGING_PATH:
-		return a->staging;
-	case CTL_OPT_TARGET:
-		return a->target;
-	case CTL_OPT_PATH:
-		return a->path;
-	}
-	abort(); /* a table entry naming an option with no string value */
-}
-
 static int ctl_check_required(struct ctl *ctl)
 {
 	const struct ctl_args *a = &ctl->a;
 
-	for (const int *id = ctl->cmd->need; *id != CTL_OPT_END; id++) {
-		const char *v = ctl_required_value(a, *id);
+	for (const int *id = ctl->cmd->need; id && *id != CTL_OPT_END; id++) {
+		const char *v = ctl_opt_value(a, *id);
 
 		if (!v || !*v)
 			return ctl_usage_error(ctl, "--%s is required",
@@ -1696,78 +1396,36 @@ static int ctl_check_required(struct ctl *ctl)
 	return 0;
 }
 
+/* Taken before COMMAND: the common options, and --version. */
+static const int ctl_global_opts[] = { CTL_OPT_VERSION, CTL_OPT_END };
+
 /*
- * A command's own getopt_long over argv[0..argc) (argv[0] is its name):
- * its options plus the common ones, positional arguments in any place.
- * Returns -1 after printing the help, 0 to go on, or an exit code.
+ * getopt_long over argv[0..argc) with the common options and `opts`, each
+ * set into ctl by ctl_set_opt(). Before COMMAND (ctl->cmd still NULL) and
+ * after it alike. Returns -1 after printing the help or the version, 0 to
+ * go on, or an exit code.
  */
-static int ctl_parse_cmd(struct ctl *ctl, int argc, char **argv)
+static int ctl_getopt(struct ctl *ctl, int argc, char **argv,
+		      const char *shortopts, const int *opts)
 {
-	const struct ctl_cmd *cmd = ctl->cmd;
 	struct option longopts[CTL_NOPTIONS];
 	size_t n = 0;
 	int c, ret;
 
 	for (const struct option *o = ctl_options; o->name; o++)
 		if (ctl_opt_in(ctl_common_opts, o->val) ||
-		    ctl_opt_in(cmd->opts, o->val))
+		    ctl_opt_in(opts, o->val))
 			longopts[n++] = *o;
 	memset(&longopts[n], 0, sizeof(longopts[n]));
 
 	opterr = 0;
-	optind = 0; /* GNU: start over, and reinitialise */
-	while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, shortopts, longopts, NULL)) != -1) {
 		switch (c) {
 		case 'h':
-			ctl_cmd_help(cmd);
-			return -1;
-		case ':':
-			return ctl_usage_error(ctl, "option '%s' needs a value",
-					       argv[optind - 1]);
-		case '?':
-			if (optopt)
-				return ctl_usage_error(ctl, "unknown option '-%c'",
-						       optopt);
-			return ctl_usage_error(ctl, "unknown option '%s'",
-					       argv[optind - 1]);
-		default:
-			ret = ctl_set_opt(ctl, c, ctl_opt_name(c), optarg);
-			if (ret)
-				return ret;
-		}
-	}
-	ctl->a.pos = argv + optind;
-	ctl->a.npos = argc - optind;
-	if (ctl->a.npos < cmd->min_pos)
-		return ctl_usage_error(ctl, "missing argument: %s %s",
-				       cmd->name, cmd->synopsis);
-	if (ctl->a.npos > cmd->max_pos)
-		return ctl_usage_error(ctl, "unexpected argument '%s'",
-				       ctl->a.pos[cmd->max_pos]);
-	for (int i = 0; i < ctl->a.npos; i++)
-		if (!*ctl->a.pos[i])
-			return ctl_usage_error(ctl, "an empty argument");
-	return ctl_check_required(ctl);
-}
-
-/* The options before COMMAND; stops at the first non-option. */
-static int ctl_parse_global(struct ctl *ctl, int argc, char **argv)
-{
-	static const struct option longopts[] = {
-		{ "help", no_argument, NULL, CTL_OPT_HELP },
-		{ "endpoint", required_argument, NULL, CTL_OPT_ENDPOINT },
-		{ "json", no_argument, NULL, CTL_OPT_JSON },
-		{ "timeout", required_argument, NULL, CTL_OPT_TIMEOUT },
-		{ "version", no_argument, NULL, CTL_OPT_VERSION },
-		{ NULL, 0, NULL, 0 },
-	};
-	int c, ret;
-
-	opterr = 0;
-	while ((c = getopt_long(argc, argv, "+:h", longopts, NULL)) != -1) {
-		switch (c) {
-		case 'h':
-			ctl_help(stdout);
+			if (ctl->cmd)
+				ctl_cmd_help(ctl->cmd);
+			else
+				ctl_help(stdout);
 			return -1;
 		case CTL_OPT_VERSION:
 			printf(CTL_PROG " %s\n", STRATA_VERSION);
@@ -1790,6 +1448,33 @@ static int ctl_parse_global(struct ctl *ctl, int argc, char **argv)
 	return 0;
 }
 
+/*
+ * A command's own options and arguments, argv[0..argc) (argv[0] is its
+ * name): positional arguments in any place. Returns as ctl_getopt().
+ */
+static int ctl_parse_cmd(struct ctl *ctl, int argc, char **argv)
+{
+	const struct ctl_cmd *cmd = ctl->cmd;
+	int ret;
+
+	optind = 0; /* GNU: start over, and reinitialise */
+	ret = ctl_getopt(ctl, argc, argv, ":h", cmd->opts);
+	if (ret)
+		return ret;
+	ctl->a.pos = argv + optind;
+	ctl->a.npos = argc - optind;
+	if (ctl->a.npos < cmd->min_pos)
+		return ctl_usage_error(ctl, "missing argument: %s %s",
+				       cmd->name, cmd->synopsis);
+	if (ctl->a.npos > cmd->max_pos)
+		return ctl_usage_error(ctl, "unexpected argument '%s'",
+				       ctl->a.pos[cmd->max_pos]);
+	for (int i = 0; i < ctl->a.npos; i++)
+		if (!*ctl->a.pos[i])
+			return ctl_usage_error(ctl, "an empty argument");
+	return ctl_check_required(ctl);
+}
+
 int main(int argc, char **argv)
 {
 	struct ctl ctl = {
@@ -1800,7 +1485,7 @@ int main(int argc, char **argv)
 	char *target = NULL;
 	int ret;
 
-	ret = ctl_parse_global(&ctl, argc, argv);
+	ret = ctl_getopt(&ctl, argc, argv, "+:h", ctl_global_opts);
 	if (ret)
 		goto out;
 	if (optind >= argc) {
@@ -1842,7 +1527,7 @@ int main(int argc, char **argv)
 					      "is not a unix socket: give unix:///abs/path, unix:/abs/path or /abs/path");
 		goto out;
 	}
-	ret = ctl.cmd->run(&ctl);
+	ret = ctl.cmd->run ? ctl.cmd->run(&ctl) : ctl_run(&ctl);
 
 out:
 	free(target);
