@@ -39,6 +39,8 @@ struct csi_server {
 	grpc_completion_queue *cq;
 	pthread_mutex_t lock;
 	int inflight;		/* calls allocated, requested ones included */
+	int active;		/* calls a client made, not yet answered */
+	pthread_cond_t idle;	/* signalled when active drops to 0 */
 	bool stopping;		/* no new calls are requested */
 	bool shutdown_seen;	/* the server's shutdown tag arrived */
 	bool cq_down;
@@ -88,6 +90,12 @@ static void csi_call_free(struct csi_call *c)
 	if (c->out)
 		grpc_byte_buffer_destroy(c->out);
 	grpc_slice_unref(c->status_details);
+	if (c->state != CSI_CALL_NEW) {
+		pthread_mutex_lock(&srv->lock);
+		if (--srv->active == 0)
+			pthread_cond_broadcast(&srv->idle);
+		pthread_mutex_unlock(&srv->lock);
+	}
 	if (c->req)
 		protobuf_c_message_free_unpacked(c->req, NULL);
 	csi_reply_free(&c->reply);
@@ -310,6 +318,9 @@ static void csi_call_event(struct csi_call *c, bool ok)
 		}
 		csi_server_request(c->srv);
 		clock_gettime(CLOCK_MONOTONIC, &c->start);
+		pthread_mutex_lock(&c->srv->lock);
+		c->srv->active++;
+		pthread_mutex_unlock(&c->srv->lock);
 		memset(&op, 0, sizeof(op));
 		op.op = GRPC_OP_RECV_MESSAGE;
 		op.data.recv_message.recv_message = &c->payload;
@@ -351,6 +362,29 @@ static void *csi_server_worker(void *arg)
 }
 
 /*
+ * Calls in flight get their time to finish (a NodeStageVolume waits for
+ * its daemon); then whatever is left is cancelled, since the core would
+ * otherwise also wait for idle client connections to go away, and
+ * kubelet never closes its own.
+ */
+static void csi_server_drain(struct csi_server *srv)
+{
+	struct timespec until;
+
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_sec += CSI_STAGE_TIMEOUT_MS / 1000 + 5;
+	pthread_mutex_lock(&srv->lock);
+	while (srv->active > 0 &&
+	       pthread_cond_timedwait(&srv->idle, &srv->lock, &until) == 0)
+		;
+	if (srv->active > 0)
+		strata_warn("%d calls still running at shutdown: cancelled",
+			    srv->active);
+	pthread_mutex_unlock(&srv->lock);
+	grpc_server_cancel_all_calls(srv->server);
+}
+
+/*
  * Serves until SIGTERM or SIGINT. The caller blocked both before
  * grpc_init, so that gRPC's own threads inherit the mask and the signal
  * reaches the sigwait here.
@@ -363,6 +397,7 @@ int csi_server_run(struct csi_plugin *p, const sigset_t *stop_signals)
 	int nworkers = 0, sig, ret = 0;
 
 	pthread_mutex_init(&srv.lock, NULL);
+	pthread_cond_init(&srv.idle, NULL);
 	workers = calloc(p->cfg.workers, sizeof(*workers));
 	if (!workers)
 		return -ENOMEM;
@@ -401,6 +436,7 @@ int csi_server_run(struct csi_plugin *p, const sigset_t *stop_signals)
 	srv.stopping = true;
 	pthread_mutex_unlock(&srv.lock);
 	grpc_server_shutdown_and_notify(srv.server, srv.cq, &srv.shutdown_tag);
+	csi_server_drain(&srv);
 	for (int i = 0; i < nworkers; i++)
 		pthread_join(workers[i], NULL);
 	grpc_server_destroy(srv.server);
@@ -413,6 +449,7 @@ out_cq:
 			;
 	}
 	grpc_completion_queue_destroy(srv.cq);
+	pthread_cond_destroy(&srv.idle);
 	pthread_mutex_destroy(&srv.lock);
 	free(workers);
 	return ret;
