@@ -163,7 +163,7 @@ int main(void)
 	}
 	close(dir);
 	close(fs.tmpfd);
-	sfs_rmtree_at(AT_FDCWD, tmpl);
+	strata_rmtree_at(AT_FDCWD, tmpl);
 	close(root);
 	return unit_done("test_whiteout");
 }
