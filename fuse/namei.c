@@ -319,9 +319,9 @@ int sfs_lookup_node(struct sfs_node *dir, const char *name,
 	ret = sfs_lookup_name(dir, name, &f);
 	if (ret < 0)
 		return ret;
-	pthread_mutex_lock(&dir->lock);
-	impure = dir->impure;
-	pthread_mutex_unlock(&dir->lock);
+	sfs_lock(&dir->lock);
+	impure = dir->di->impure;
+	sfs_unlock(&dir->lock);
 	ret = sfs_found_ino(&f, sfs_upper(dir), name, impure, &ino);
 	if (ret < 0) {
 		sfs_found_release(&f);
@@ -335,7 +335,7 @@ int sfs_lookup_node(struct sfs_node *dir, const char *name,
 int sfs_fill_entry(struct sfs_node *n, struct fuse_entry_param *e)
 {
 	memset(e, 0, sizeof(*e));
-	e->ino = n->nodeid;
+	e->ino = sfs_node_id(n);
 	e->attr_timeout = sfs->timeout;
 	e->entry_timeout = sfs->timeout;
 	return sfs_node_stat(n, &e->attr);
