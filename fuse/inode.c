@@ -384,22 +384,28 @@ static int sfs_entry_mountfd(const struct sfs_entry *e)
 
 static int sfs_entry_handle(struct sfs_entry *e)
 {
-	struct file_handle *fh;
+	union {
+		struct file_handle fh;
+		char buf[sizeof(struct file_handle) + MAX_HANDLE_SZ];
+	} h;
+	size_t size;
 	int mount_id;
 
 	if (e->fh)
 		return 0;
-	fh = malloc(sizeof(*fh) + MAX_HANDLE_SZ);
-	if (!fh)
-		return -ENOMEM;
-	fh->handle_bytes = MAX_HANDLE_SZ;
-	if (name_to_handle_at(e->fd, "", fh, &mount_id, AT_EMPTY_PATH) < 0) {
-		free(fh);
+	h.fh.handle_bytes = MAX_HANDLE_SZ;
+	if (name_to_handle_at(e->fd, "", &h.fh, &mount_id, AT_EMPTY_PATH) < 0)
 		return -errno;
-	}
-	/* most handles are 8 bytes, not MAX_HANDLE_SZ: a parked tree of
-	 * 100k nodes would otherwise carry 12 MiB of slack */
-	e->fh = realloc(fh, sizeof(*fh) + fh->handle_bytes) ?: fh;
+	/*
+	 * Most handles are 8 bytes, not MAX_HANDLE_SZ: an exact allocation,
+	 * not a shrunk one, whose freed tails would riddle the heap with
+	 * holes too small for a node (13 MiB over a parked tree of 120k).
+	 */
+	size = sizeof(h.fh) + h.fh.handle_bytes;
+	e->fh = malloc(size);
+	if (!e->fh)
+		return -ENOMEM;
+	memcpy(e->fh, &h, size);
 	return 0;
 }
 
