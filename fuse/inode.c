@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <malloc.h>
 #include <stdlib.h>
 #include <string.h>
 #include <stdio.h>
@@ -23,6 +24,8 @@
 #include "stratafs.h"
 
 #define SFS_TABLE_MIN 1024
+/* freed nodes between two trims of the heap */
+#define SFS_TRIM_NODES 8192
 
 static size_t sfs_hash(uint64_t ino, size_t size)
 {
@@ -234,6 +237,9 @@ void sfs_node_lookup_inc(struct sfs_node *n)
 	pthread_mutex_unlock(&sfs->table_lock);
 }
 
+/* Nodes freed since the heap was last trimmed. */
+static atomic_long sfs_freed;
+
 /*
  * Drops a count and frees the node once nobody holds it. The parent
  * reference goes last, outside the table lock, walking up iteratively
@@ -256,6 +262,7 @@ static void sfs_node_put(struct sfs_node *n, uint64_t nlookup, uint64_t refs)
 
 		parent = n->parent;
 		sfs_node_free(n);
+		atomic_fetch_add(&sfs_freed, 1);
 		n = parent;
 		nlookup = 0;
 		refs = 1;
@@ -912,4 +919,13 @@ void sfs_op_forget_multi(fuse_req_t req, size_t count,
 		sfs_node_put(sfs_node_get(forgets[i].ino), forgets[i].nlookup,
 			     0);
 	fuse_reply_none(req);
+	/*
+	 * The kernel forgets in storms (memory pressure, drop_caches): give
+	 * the freed nodes' pages back rather than hold the walk's peak for
+	 * good. A trim every few thousand nodes costs little.
+	 */
+	if (atomic_load(&sfs_freed) >= SFS_TRIM_NODES) {
+		atomic_store(&sfs_freed, 0);
+		malloc_trim(0);
+	}
 }
