@@ -353,13 +353,16 @@ static void sfs_node_removed(struct sfs_node *n)
 
 /*
  * Removes NAME from DIR's upper layer, leaving a whiteout when a lower
- * layer would show the name again.
+ * layer would show the name again. STATE is what the upper layer has at
+ * NAME (as sfs_upper_state says), or -1 when the caller does not know:
+ * the kernel holds DIR locked, so nothing changes it in between.
  */
-static int sfs_remove(struct sfs_node *dir, const char *name, bool isdir)
+static int sfs_remove(struct sfs_node *dir, const char *name, bool isdir,
+		      int state)
 {
 	struct stat st;
 	char tmp[64];
-	int dirfd, positive, state, ret;
+	int dirfd, positive, ret;
 
 	ret = sfs_copy_up(dir);
 	if (ret < 0)
@@ -368,7 +371,8 @@ static int sfs_remove(struct sfs_node *dir, const char *name, bool isdir)
 	positive = sfs_lower_positive(dir, name);
 	if (positive < 0)
 		return positive;
-	state = sfs_upper_state(dirfd, name, &st);
+	if (state < 0)
+		state = sfs_upper_state(dirfd, name, &st);
 	if (state < 0)
 		return state;
 	if (state == 0)
@@ -389,17 +393,23 @@ static int sfs_remove(struct sfs_node *dir, const char *name, bool isdir)
 static int sfs_unlink(struct sfs_node *dir, const char *name, bool isdir)
 {
 	struct sfs_node *n;
-	int ret;
+	struct stat st;
+	int state, ret;
 
-	ret = sfs_lookup_node(dir, name, &n);
+	ret = sfs_lookup_held(dir, name, &st, &state, &n);
+	if (ret == 0)
+		ret = sfs_lookup_node(dir, name, &n);
 	if (ret < 0)
 		return ret;
 	if (isdir)
 		ret = S_ISDIR(n->type) ? sfs_dir_check_empty(n) : -ENOTDIR;
 	else
 		ret = S_ISDIR(n->type) ? -EISDIR : sfs_prepare_nlink_change(n);
+	/* that copy-up may have put an entry where there was none */
+	if (state == 0)
+		state = -1;
 	if (ret == 0)
-		ret = sfs_remove(dir, name, isdir);
+		ret = sfs_remove(dir, name, isdir, state);
 	if (ret == 0) {
 		sfs_node_removed(n);
 		sfs_node_dir_changed(dir, isdir ? -1 : 0);
@@ -552,7 +562,7 @@ static int sfs_rename_clear_dst(struct sfs_node *ndir, const char *newname,
 {
 	if (!dst || !S_ISDIR(dst->type) || sfs_upper(dst) < 0)
 		return 0;
-	return sfs_remove(ndir, newname, true);
+	return sfs_remove(ndir, newname, true, -1);
 }
 
 static void sfs_rename_update(struct sfs_node *pdir, const char *name,

@@ -269,6 +269,8 @@ int sfs_lower_positive(struct sfs_node *dir, const char *name);
 void sfs_found_release(struct sfs_found *f);
 int sfs_lookup_node(struct sfs_node *dir, const char *name,
 		    struct sfs_node **out);
+int sfs_lookup_held(struct sfs_node *dir, const char *name, struct stat *st,
+		    int *state, struct sfs_node **out);
 int sfs_fill_entry(struct sfs_node *n, struct fuse_entry_param *e);
 int sfs_entry_reply(fuse_req_t req, struct sfs_node *n);
 void sfs_op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name);
