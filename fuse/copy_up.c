@@ -240,11 +240,11 @@ static int sfs_copy_up_mode(struct sfs_node *n, bool data)
 	for (;;) {
 		if (atomic_load(&n->has_upper))
 			return 0;
-		pthread_mutex_lock(&n->lock);
+		sfs_lock(&n->lock);
 		parent = n->parent;
 		if (parent)
 			sfs_node_ref(parent);
-		pthread_mutex_unlock(&n->lock);
+		sfs_unlock(&n->lock);
 		if (!parent)
 			return -EIO;	/* only the root has none, and it is up */
 		ret = sfs_node_pin(parent);
@@ -259,17 +259,17 @@ static int sfs_copy_up_mode(struct sfs_node *n, bool data)
 			sfs_node_release(parent);
 			return ret;
 		}
-		pthread_mutex_lock(&n->lock);
+		sfs_lock(&n->lock);
 		if (n->parent != parent) {
 			/* renamed meanwhile: copy up the new parents */
-			pthread_mutex_unlock(&n->lock);
+			sfs_unlock(&n->lock);
 			sfs_node_release(parent);
 			continue;
 		}
 		ret = 0;
 		if (!atomic_load(&n->has_upper))
 			ret = sfs_copy_up_locked(n, sfs_upper(parent), data);
-		pthread_mutex_unlock(&n->lock);
+		sfs_unlock(&n->lock);
 		sfs_node_release(parent);
 		return ret;
 	}

@@ -334,7 +334,7 @@ static void sfs_node_removed(struct sfs_node *n)
 		gone = sfs_fstat(n->lower[0].fd, &st) == 0 && st.st_nlink <= 1;
 	if (gone)
 		sfs_node_unhash(n);
-	pthread_mutex_lock(&n->lock);
+	sfs_lock(&n->lock);
 	if (gone)
 		n->unlinked = true;
 	/*
@@ -348,18 +348,21 @@ static void sfs_node_removed(struct sfs_node *n)
 		n->stale = true;
 		dup3(sfs->nullfd, upper, O_CLOEXEC);
 	}
-	pthread_mutex_unlock(&n->lock);
+	sfs_unlock(&n->lock);
 }
 
 /*
  * Removes NAME from DIR's upper layer, leaving a whiteout when a lower
- * layer would show the name again.
+ * layer would show the name again. STATE is what the upper layer has at
+ * NAME (as sfs_upper_state says), or -1 when the caller does not know:
+ * the kernel holds DIR locked, so nothing changes it in between.
  */
-static int sfs_remove(struct sfs_node *dir, const char *name, bool isdir)
+static int sfs_remove(struct sfs_node *dir, const char *name, bool isdir,
+		      int state)
 {
 	struct stat st;
 	char tmp[64];
-	int dirfd, positive, state, ret;
+	int dirfd, positive, ret;
 
 	ret = sfs_copy_up(dir);
 	if (ret < 0)
@@ -368,7 +371,8 @@ static int sfs_remove(struct sfs_node *dir, const char *name, bool isdir)
 	positive = sfs_lower_positive(dir, name);
 	if (positive < 0)
 		return positive;
-	state = sfs_upper_state(dirfd, name, &st);
+	if (state < 0)
+		state = sfs_upper_state(dirfd, name, &st);
 	if (state < 0)
 		return state;
 	if (state == 0)
@@ -389,17 +393,23 @@ static int sfs_remove(struct sfs_node *dir, const char *name, bool isdir)
 static int sfs_unlink(struct sfs_node *dir, const char *name, bool isdir)
 {
 	struct sfs_node *n;
-	int ret;
+	struct stat st;
+	int state, ret;
 
-	ret = sfs_lookup_node(dir, name, &n);
+	ret = sfs_lookup_held(dir, name, &st, &state, &n);
+	if (ret == 0)
+		ret = sfs_lookup_node(dir, name, &n);
 	if (ret < 0)
 		return ret;
 	if (isdir)
 		ret = S_ISDIR(n->type) ? sfs_dir_check_empty(n) : -ENOTDIR;
 	else
 		ret = S_ISDIR(n->type) ? -EISDIR : sfs_prepare_nlink_change(n);
+	/* that copy-up may have put an entry where there was none */
+	if (state == 0)
+		state = -1;
 	if (ret == 0)
-		ret = sfs_remove(dir, name, isdir);
+		ret = sfs_remove(dir, name, isdir, state);
 	if (ret == 0) {
 		sfs_node_removed(n);
 		sfs_node_dir_changed(dir, isdir ? -1 : 0);
@@ -446,20 +456,20 @@ static int sfs_lower_path(struct sfs_node *n, char *buf, size_t size)
 	size_t count = 0, len;
 	int ret = 0;
 
-	for (struct sfs_node *p = n; p && p != &sfs->root; p = p->parent) {
-		pthread_mutex_lock(&p->lock);
-		if (p->redirect && p->redirect[0] == '/') {
-			base = p->redirect;
-			pthread_mutex_unlock(&p->lock);
+	for (struct sfs_node *p = n; p && p != sfs->root; p = p->parent) {
+		sfs_lock(&p->lock);
+		if (p->di->redirect && p->di->redirect[0] == '/') {
+			base = p->di->redirect;
+			sfs_unlock(&p->lock);
 			break;
 		}
 		if (count == sizeof(names) / sizeof(names[0])) {
-			pthread_mutex_unlock(&p->lock);
+			sfs_unlock(&p->lock);
 			ret = -ENAMETOOLONG;
 			goto out;
 		}
-		names[count] = strdup(p->redirect ? p->redirect : p->name);
-		pthread_mutex_unlock(&p->lock);
+		names[count] = strdup(p->di->redirect ? p->di->redirect : p->name);
+		sfs_unlock(&p->lock);
 		if (!names[count]) {
 			ret = -ENOMEM;
 			goto out;
@@ -486,9 +496,9 @@ static int sfs_rename_redirect(struct sfs_node *n)
 
 	if (!S_ISDIR(n->type) || n->nlower == 0)
 		return 0;
-	pthread_mutex_lock(&n->lock);
-	ret = (n->redirect && n->redirect[0] == '/') ? 1 : 0;
-	pthread_mutex_unlock(&n->lock);
+	sfs_lock(&n->lock);
+	ret = (n->di->redirect && n->di->redirect[0] == '/') ? 1 : 0;
+	sfs_unlock(&n->lock);
 	if (ret)
 		return 0;
 	ret = sfs_lower_path(n, path, sizeof(path));
@@ -498,14 +508,14 @@ static int sfs_rename_redirect(struct sfs_node *n)
 	if (!dup)
 		return -ENOMEM;
 	ret = sfs_set_redirect(sfs_upper(n), path);
-	pthread_mutex_lock(&n->lock);
+	sfs_lock(&n->lock);
 	if (ret == 0) {
-		free(n->redirect);
-		n->redirect = dup;
+		free(n->di->redirect);
+		n->di->redirect = dup;
 	} else {
 		free(dup);
 	}
-	pthread_mutex_unlock(&n->lock);
+	sfs_unlock(&n->lock);
 	return ret;
 }
 
@@ -519,12 +529,12 @@ static int sfs_rename_opaque(struct sfs_node *n, struct sfs_node *dir,
 {
 	int positive;
 
-	if (!S_ISDIR(n->type) || n->nlower > 0 || n->opaque)
+	if (!S_ISDIR(n->type) || n->nlower > 0 || n->di->opaque)
 		return 0;
 	positive = sfs_lower_positive(dir, name);
 	if (positive <= 0)
 		return positive;
-	n->opaque = true;
+	n->di->opaque = true;
 	return sfs_set_opaque(sfs_upper(n));
 }
 
@@ -552,7 +562,7 @@ static int sfs_rename_clear_dst(struct sfs_node *ndir, const char *newname,
 {
 	if (!dst || !S_ISDIR(dst->type) || sfs_upper(dst) < 0)
 		return 0;
-	return sfs_remove(ndir, newname, true);
+	return sfs_remove(ndir, newname, true, -1);
 }
 
 static void sfs_rename_update(struct sfs_node *pdir, const char *name,
@@ -560,9 +570,9 @@ static void sfs_rename_update(struct sfs_node *pdir, const char *name,
 			      struct sfs_node *src, struct sfs_node *dst,
 			      unsigned int flags)
 {
-	pthread_mutex_lock(&src->lock);
+	sfs_lock(&src->lock);
 	sfs_node_set_name(src, ndir, newname);
-	pthread_mutex_unlock(&src->lock);
+	sfs_unlock(&src->lock);
 	sfs_node_dir_changed(pdir, 0);
 	sfs_node_dir_changed(ndir, 0);
 	if (S_ISDIR(src->type) && pdir != ndir) {
@@ -572,9 +582,9 @@ static void sfs_rename_update(struct sfs_node *pdir, const char *name,
 	if (!dst)
 		return;
 	if (flags & RENAME_EXCHANGE) {
-		pthread_mutex_lock(&dst->lock);
+		sfs_lock(&dst->lock);
 		sfs_node_set_name(dst, pdir, name);
-		pthread_mutex_unlock(&dst->lock);
+		sfs_unlock(&dst->lock);
 		if (S_ISDIR(dst->type) && pdir != ndir) {
 			sfs_node_dir_changed(ndir, -1);
 			sfs_node_dir_changed(pdir, 1);

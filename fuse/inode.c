@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <malloc.h>
 #include <stdlib.h>
 #include <string.h>
 #include <stdio.h>
@@ -23,6 +24,8 @@
 #include "stratafs.h"
 
 #define SFS_TABLE_MIN 1024
+/* freed nodes between two trims of the heap */
+#define SFS_TRIM_NODES 8192
 
 static size_t sfs_hash(uint64_t ino, size_t size)
 {
@@ -66,7 +69,46 @@ static int sfs_node_nfds(struct sfs_node *n)
 	return atomic_load(&n->has_upper) + n->nlower;
 }
 
-static void sfs_node_close(struct sfs_node *n)
+static char *sfs_node_inline_name(struct sfs_node *n)
+{
+	char *end = (char *)(n->lower + n->nlower);
+
+	return S_ISDIR(n->type) ? end + sizeof(struct sfs_dirinfo) : end;
+}
+
+/*
+ * A node with room for NLOWER entries and its name, zeroed but for
+ * them: the caller fills in the rest.
+ */
+struct sfs_node *sfs_node_alloc(mode_t type, int nlower, const char *name)
+{
+	size_t len = strlen(name) + 1;
+	size_t size = sizeof(struct sfs_node) + nlower * sizeof(struct sfs_entry) +
+		      (S_ISDIR(type) ? sizeof(struct sfs_dirinfo) : 0) + len;
+	struct sfs_node *n = calloc(1, size);
+
+	if (!n)
+		return NULL;
+	n->type = type & S_IFMT;
+	n->nlower = nlower;
+	n->index_nlink = -1;
+	n->up.fd = -1;
+	if (S_ISDIR(type)) {
+		n->di = (struct sfs_dirinfo *)(n->lower + nlower);
+		n->di->subdirs = -1;
+	}
+	n->name = sfs_node_inline_name(n);
+	memcpy(n->name, name, len);
+	return n;
+}
+
+/* The kernel's name for a node: its address, 1 for the root. */
+fuse_ino_t sfs_node_id(struct sfs_node *n)
+{
+	return n == sfs->root ? FUSE_ROOT_ID : (fuse_ino_t)(uintptr_t)n;
+}
+
+static void sfs_node_free(struct sfs_node *n)
 {
 	bool parked = atomic_load(&n->parked);
 
@@ -82,11 +124,13 @@ static void sfs_node_close(struct sfs_node *n)
 			close(n->lower[i].fd);
 		free(n->lower[i].fh);
 	}
-	free(n->lower);
-	free(n->name);
-	free(n->redirect);
-	sfs_dir_drop_listing(n);
-	pthread_mutex_destroy(&n->lock);
+	if (n->name != sfs_node_inline_name(n))
+		free(n->name);
+	if (n->di) {
+		free(n->di->redirect);
+		sfs_dir_drop_listing(n);
+	}
+	free(n);
 }
 
 void sfs_table_destroy(struct sfs_fs *fs)
@@ -96,13 +140,14 @@ void sfs_table_destroy(struct sfs_fs *fs)
 
 		for (; n; n = next) {
 			next = n->hnext;
-			sfs_node_close(n);
-			free(n);
+			sfs_node_free(n);
 		}
 	}
 	free(fs->table);
 	fs->table = NULL;
-	sfs_node_close(&fs->root);
+	if (fs->root)
+		sfs_node_free(fs->root);
+	fs->root = NULL;
 	pthread_mutex_destroy(&fs->table_lock);
 }
 
@@ -174,7 +219,7 @@ struct sfs_node *sfs_node_find(uint64_t ino, mode_t type)
 struct sfs_node *sfs_node_get(fuse_ino_t nodeid)
 {
 	if (nodeid == FUSE_ROOT_ID)
-		return &sfs->root;
+		return sfs->root;
 	return (struct sfs_node *)(uintptr_t)nodeid;
 }
 
@@ -192,6 +237,9 @@ void sfs_node_lookup_inc(struct sfs_node *n)
 	pthread_mutex_unlock(&sfs->table_lock);
 }
 
+/* Nodes freed since the heap was last trimmed. */
+static atomic_long sfs_freed;
+
 /*
  * Drops a count and frees the node once nobody holds it. The parent
  * reference goes last, outside the table lock, walking up iteratively
@@ -205,7 +253,7 @@ static void sfs_node_put(struct sfs_node *n, uint64_t nlookup, uint64_t refs)
 		pthread_mutex_lock(&sfs->table_lock);
 		n->nlookup -= nlookup;
 		n->refs -= refs;
-		if (n == &sfs->root || n->nlookup || n->refs) {
+		if (n == sfs->root || n->nlookup || n->refs) {
 			pthread_mutex_unlock(&sfs->table_lock);
 			return;
 		}
@@ -213,8 +261,8 @@ static void sfs_node_put(struct sfs_node *n, uint64_t nlookup, uint64_t refs)
 		pthread_mutex_unlock(&sfs->table_lock);
 
 		parent = n->parent;
-		sfs_node_close(n);
-		free(n);
+		sfs_node_free(n);
+		atomic_fetch_add(&sfs_freed, 1);
 		n = parent;
 		nlookup = 0;
 		refs = 1;
@@ -258,16 +306,11 @@ struct sfs_node *sfs_node_from_found(struct sfs_node *parent,
 	size_t h;
 
 	*err = 0;
-	fresh = calloc(1, sizeof(*fresh));
-	if (!fresh)
-		goto out_nomem;
-	fresh->name = strdup(name);
-	if (!fresh->name)
-		goto out_nomem;
-	if (f->nlower) {
-		fresh->lower = malloc(f->nlower * sizeof(*fresh->lower));
-		if (!fresh->lower)
-			goto out_nomem;
+	fresh = sfs_node_alloc(f->type, f->nlower, name);
+	if (!fresh) {
+		sfs_found_release(f);
+		*err = -ENOMEM;
+		return NULL;
 	}
 
 	pthread_mutex_lock(&sfs->table_lock);
@@ -276,8 +319,6 @@ struct sfs_node *sfs_node_from_found(struct sfs_node *parent,
 	if (n) {
 		n->refs++;
 		pthread_mutex_unlock(&sfs->table_lock);
-		free(fresh->lower);
-		free(fresh->name);
 		free(fresh);
 		sfs_found_release(f);
 		*err = sfs_node_pin(n);
@@ -289,25 +330,23 @@ struct sfs_node *sfs_node_from_found(struct sfs_node *parent,
 	}
 
 	n = fresh;
-	n->nodeid = (fuse_ino_t)(uintptr_t)n;
 	n->ino = ino;
 	n->refs = 1;
-	n->type = f->type;
-	pthread_mutex_init(&n->lock, NULL);
 	n->up = (struct sfs_entry){ f->upper, 0, NULL };
 	atomic_init(&n->has_upper, f->upper >= 0);
 	atomic_init(&n->busy, 1);	/* pinned for the caller */
-	n->nlower = f->nlower;
 	if (f->nlower)
 		memcpy(n->lower, f->lower, f->nlower * sizeof(*n->lower));
 	atomic_fetch_add(&sfs->node_fds, sfs_node_nfds(n));
-	n->redirect = f->redirect;
-	n->opaque = f->opaque;
+	if (n->di) {
+		n->di->redirect = f->redirect;
+		n->di->opaque = f->opaque;
+		n->di->impure = f->impure;
+	} else {
+		free(f->redirect);
+	}
 	n->indexed = f->indexed;
 	n->has_origin = f->has_origin;
-	n->impure = f->impure;
-	n->subdirs = -1;
-	n->index_nlink = -1;
 	n->parent = parent;
 	if (parent)
 		parent->refs++;
@@ -320,16 +359,6 @@ struct sfs_node *sfs_node_from_found(struct sfs_node *parent,
 	f->nlower = 0;
 	f->redirect = NULL;
 	return n;
-
-out_nomem:
-	if (fresh) {
-		free(fresh->lower);
-		free(fresh->name);
-		free(fresh);
-	}
-	sfs_found_release(f);
-	*err = -ENOMEM;
-	return NULL;
 }
 
 /*
@@ -362,22 +391,28 @@ static int sfs_entry_mountfd(const struct sfs_entry *e)
 
 static int sfs_entry_handle(struct sfs_entry *e)
 {
-	struct file_handle *fh;
+	union {
+		struct file_handle fh;
+		char buf[sizeof(struct file_handle) + MAX_HANDLE_SZ];
+	} h;
+	size_t size;
 	int mount_id;
 
 	if (e->fh)
 		return 0;
-	fh = malloc(sizeof(*fh) + MAX_HANDLE_SZ);
-	if (!fh)
-		return -ENOMEM;
-	fh->handle_bytes = MAX_HANDLE_SZ;
-	if (name_to_handle_at(e->fd, "", fh, &mount_id, AT_EMPTY_PATH) < 0) {
-		free(fh);
+	h.fh.handle_bytes = MAX_HANDLE_SZ;
+	if (name_to_handle_at(e->fd, "", &h.fh, &mount_id, AT_EMPTY_PATH) < 0)
 		return -errno;
-	}
-	/* most handles are 8 bytes, not MAX_HANDLE_SZ: a parked tree of
-	 * 100k nodes would otherwise carry 12 MiB of slack */
-	e->fh = realloc(fh, sizeof(*fh) + fh->handle_bytes) ?: fh;
+	/*
+	 * Most handles are 8 bytes, not MAX_HANDLE_SZ: an exact allocation,
+	 * not a shrunk one, whose freed tails would riddle the heap with
+	 * holes too small for a node (13 MiB over a parked tree of 120k).
+	 */
+	size = sizeof(h.fh) + h.fh.handle_bytes;
+	e->fh = malloc(size);
+	if (!e->fh)
+		return -ENOMEM;
+	memcpy(e->fh, &h, size);
 	return 0;
 }
 
@@ -452,7 +487,7 @@ out_err:
 
 static bool sfs_node_parkable(struct sfs_node *n)
 {
-	return n != &sfs->root && !n->no_park && !n->unlinked &&
+	return n != sfs->root && !n->no_park && !n->unlinked &&
 	       !atomic_load(&n->busy) && !atomic_load(&n->parked) &&
 	       !atomic_load(&n->nopen);
 }
@@ -476,11 +511,11 @@ static void sfs_evict(void)
 				continue;
 			if (atomic_exchange(&n->used, false))
 				continue;
-			if (pthread_mutex_trylock(&n->lock))
+			if (!sfs_trylock(&n->lock))
 				continue;
 			if (sfs_node_parkable(n))
 				sfs_node_park(n);
-			pthread_mutex_unlock(&n->lock);
+			sfs_unlock(&n->lock);
 		}
 	}
 	pthread_mutex_unlock(&sfs->table_lock);
@@ -495,10 +530,10 @@ int sfs_node_pin(struct sfs_node *n)
 	atomic_store(&n->used, true);
 	if (!atomic_load(&n->parked))
 		return 0;
-	pthread_mutex_lock(&n->lock);
+	sfs_lock(&n->lock);
 	if (atomic_load(&n->parked))
 		ret = sfs_node_unpark(n);
-	pthread_mutex_unlock(&n->lock);
+	sfs_unlock(&n->lock);
 	if (ret < 0)
 		atomic_fetch_sub(&n->busy, 1);
 	return ret;
@@ -546,7 +581,8 @@ int sfs_node_set_name(struct sfs_node *n, struct sfs_node *parent,
 	sfs_node_ref(parent);
 	old = n->parent;
 	n->parent = parent;
-	free(n->name);
+	if (n->name != sfs_node_inline_name(n))
+		free(n->name);
 	n->name = dup;
 	n->unlinked = false;
 	if (old)
@@ -561,11 +597,11 @@ int sfs_node_set_name(struct sfs_node *n, struct sfs_node *parent,
  */
 void sfs_node_dir_changed(struct sfs_node *dir, int subdir_delta)
 {
-	atomic_fetch_add(&dir->dir_gen, 1);
-	pthread_mutex_lock(&dir->lock);
-	if (dir->subdirs >= 0)
-		dir->subdirs += subdir_delta;
-	pthread_mutex_unlock(&dir->lock);
+	atomic_fetch_add(&dir->di->gen, 1);
+	sfs_lock(&dir->lock);
+	if (dir->di->subdirs >= 0)
+		dir->di->subdirs += subdir_delta;
+	sfs_unlock(&dir->lock);
 }
 
 /*
@@ -605,7 +641,7 @@ int sfs_index_nlink_add(struct sfs_node *n, int delta)
 	uint64_t val;
 	int ret;
 
-	pthread_mutex_lock(&n->lock);
+	sfs_lock(&n->lock);
 	ret = sfs_index_nlink_load(n);
 	if (ret == 0) {
 		val = n->index_nlink + delta > 0 ? n->index_nlink + delta : 0;
@@ -616,7 +652,7 @@ int sfs_index_nlink_add(struct sfs_node *n, int delta)
 			ret = (int)val;
 		}
 	}
-	pthread_mutex_unlock(&n->lock);
+	sfs_unlock(&n->lock);
 	return ret;
 }
 
@@ -647,25 +683,25 @@ int sfs_node_stat(struct sfs_node *n, struct stat *st)
 		int64_t subdirs;
 
 		/* Counted once, then kept up to date by dir.c. */
-		pthread_mutex_lock(&n->lock);
-		subdirs = n->subdirs;
-		pthread_mutex_unlock(&n->lock);
+		sfs_lock(&n->lock);
+		subdirs = n->di->subdirs;
+		sfs_unlock(&n->lock);
 		if (subdirs < 0) {
 			ret = sfs_dir_count_subdirs(n, &subdirs);
 			if (ret < 0)
 				return ret;
-			pthread_mutex_lock(&n->lock);
-			n->subdirs = subdirs;
-			pthread_mutex_unlock(&n->lock);
+			sfs_lock(&n->lock);
+			n->di->subdirs = subdirs;
+			sfs_unlock(&n->lock);
 		}
 		st->st_nlink = 2 + subdirs;
 	}
 	if (n->indexed) {
-		pthread_mutex_lock(&n->lock);
+		sfs_lock(&n->lock);
 		ret = sfs_index_nlink_load(n);
 		if (ret == 0)
 			st->st_nlink = n->index_nlink;
-		pthread_mutex_unlock(&n->lock);
+		sfs_unlock(&n->lock);
 		if (ret < 0)
 			return ret;
 	}
@@ -883,4 +919,13 @@ void sfs_op_forget_multi(fuse_req_t req, size_t count,
 		sfs_node_put(sfs_node_get(forgets[i].ino), forgets[i].nlookup,
 			     0);
 	fuse_reply_none(req);
+	/*
+	 * The kernel forgets in storms (memory pressure, drop_caches): give
+	 * the freed nodes' pages back rather than hold the walk's peak for
+	 * good. A trim every few thousand nodes costs little.
+	 */
+	if (atomic_load(&sfs_freed) >= SFS_TRIM_NODES) {
+		atomic_store(&sfs_freed, 0);
+		malloc_trim(0);
+	}
 }

@@ -319,9 +319,9 @@ int sfs_lookup_node(struct sfs_node *dir, const char *name,
 	ret = sfs_lookup_name(dir, name, &f);
 	if (ret < 0)
 		return ret;
-	pthread_mutex_lock(&dir->lock);
-	impure = dir->impure;
-	pthread_mutex_unlock(&dir->lock);
+	sfs_lock(&dir->lock);
+	impure = dir->di->impure;
+	sfs_unlock(&dir->lock);
 	ret = sfs_found_ino(&f, sfs_upper(dir), name, impure, &ino);
 	if (ret < 0) {
 		sfs_found_release(&f);
@@ -331,11 +331,50 @@ int sfs_lookup_node(struct sfs_node *dir, const char *name,
 	return ret;
 }
 
+/*
+ * The node behind NAME when NAME is in DIR's upper layer and the node is
+ * in the table: one fstatat, where a lookup through the layers opens the
+ * entry and reads its markers. A name the kernel removes or renames, it
+ * holds, so this is the common case there. *state says what the upper
+ * layer has at NAME: 0 nothing, 2 an entry (in *st), -1 not known (DIR
+ * has no upper directory). Returns 1 with *out pinned and referenced, 0
+ * when the caller must look NAME up, -ENOENT at a whiteout.
+ */
+int sfs_lookup_held(struct sfs_node *dir, const char *name, struct stat *st,
+		    int *state, struct sfs_node **out)
+{
+	int upper = sfs_upper(dir);
+	bool impure;
+	uint64_t ino;
+
+	*state = -1;
+	*out = NULL;
+	if (upper < 0)
+		return 0;
+	if (fstatat(upper, name, st, AT_SYMLINK_NOFOLLOW) < 0) {
+		if (errno != ENOENT)
+			return -errno;
+		*state = 0;
+		return 0;
+	}
+	if (sfs_is_whiteout(st))
+		return -ENOENT;
+	*state = 2;
+	sfs_lock(&dir->lock);
+	impure = dir->di->impure;
+	sfs_unlock(&dir->lock);
+	/* the inode number exactly as sfs_found_ino makes it */
+	if (!impure || sfs_origin_get(upper, name, &ino) <= 0)
+		ino = sfs_ino_compose(sfs->upper.fsid, st->st_ino);
+	*out = sfs_node_find(ino, st->st_mode);
+	return *out ? 1 : 0;
+}
+
 /* Replies with the node's entry; the kernel's reference is counted first. */
 int sfs_fill_entry(struct sfs_node *n, struct fuse_entry_param *e)
 {
 	memset(e, 0, sizeof(*e));
-	e->ino = n->nodeid;
+	e->ino = sfs_node_id(n);
 	e->attr_timeout = sfs->timeout;
 	e->entry_timeout = sfs->timeout;
 	return sfs_node_stat(n, &e->attr);

@@ -288,11 +288,11 @@ static int sfs_dir_list_mode(struct sfs_node *dir, bool want_ino,
 
 	uint64_t parent_ino;
 
-	pthread_mutex_lock(&dir->lock);
-	l.impure = dir->impure;
+	sfs_lock(&dir->lock);
+	l.impure = dir->di->impure;
 	/* d_ino 0 would make readdir(3) skip the entry */
 	parent_ino = dir->parent ? dir->parent->ino : dir->ino;
-	pthread_mutex_unlock(&dir->lock);
+	sfs_unlock(&dir->lock);
 	ret = sfs_lister_push(&l, ".", dir->ino, DT_DIR);
 	if (ret == 0)
 		ret = sfs_lister_push(&l, "..", parent_ino, DT_DIR);
@@ -384,7 +384,7 @@ static int sfs_listing_build(struct sfs_node *dir, struct sfs_listing **out)
 		return -ENOMEM;
 	atomic_init(&l->refs, 1);
 	/* read before listing: a change racing the listing makes it stale */
-	l->gen = atomic_load(&dir->dir_gen);
+	l->gen = atomic_load(&dir->di->gen);
 	ret = sfs_dir_list(dir, &l->ents, &l->count);
 	if (ret < 0) {
 		free(l);
@@ -400,19 +400,19 @@ static struct sfs_listing *sfs_listing_kept(struct sfs_node *dir)
 {
 	struct sfs_listing *l;
 
-	pthread_mutex_lock(&dir->lock);
-	l = dir->listing;
-	if (l && l->gen == atomic_load(&dir->dir_gen))
+	sfs_lock(&dir->lock);
+	l = dir->di->listing;
+	if (l && l->gen == atomic_load(&dir->di->gen))
 		atomic_fetch_add(&l->refs, 1);
 	else
 		l = NULL;
-	pthread_mutex_unlock(&dir->lock);
+	sfs_unlock(&dir->lock);
 	return l;
 }
 
 static void sfs_listing_detach(struct sfs_node *dir, struct sfs_listing *l)
 {
-	dir->listing = NULL;
+	dir->di->listing = NULL;
 	atomic_fetch_sub(&sfs->listed, (long)l->count);
 }
 
@@ -427,22 +427,22 @@ static void sfs_listing_keep(struct sfs_node *dir, struct sfs_listing *l,
 {
 	struct sfs_listing *drop = NULL;
 
-	pthread_mutex_lock(&dir->lock);
-	if (more && dir->listing != l) {
-		drop = dir->listing;
+	sfs_lock(&dir->lock);
+	if (more && dir->di->listing != l) {
+		drop = dir->di->listing;
 		if (drop)
 			sfs_listing_detach(dir, drop);
 		if (atomic_load(&sfs->listed) + (long)l->count <=
 		    SFS_LISTED_MAX) {
 			atomic_fetch_add(&l->refs, 1);
 			atomic_fetch_add(&sfs->listed, (long)l->count);
-			dir->listing = l;
+			dir->di->listing = l;
 		}
-	} else if (!more && dir->listing == l) {
+	} else if (!more && dir->di->listing == l) {
 		drop = l;
 		sfs_listing_detach(dir, l);
 	}
-	pthread_mutex_unlock(&dir->lock);
+	sfs_unlock(&dir->lock);
 	if (drop)
 		sfs_listing_put(drop);
 }
@@ -450,7 +450,7 @@ static void sfs_listing_keep(struct sfs_node *dir, struct sfs_listing *l,
 /* The node is being freed: nothing else can reach it. */
 void sfs_dir_drop_listing(struct sfs_node *dir)
 {
-	struct sfs_listing *l = dir->listing;
+	struct sfs_listing *l = dir->di->listing;
 
 	if (l) {
 		sfs_listing_detach(dir, l);
@@ -496,7 +496,7 @@ static size_t sfs_add_plus(fuse_req_t req, struct sfs_node *dir,
 	 * its d_ino names the very node behind each name: one the kernel
 	 * already holds needs no lookup through the layers.
 	 */
-	n = atomic_load(&dir->dir_gen) == l->gen ?
+	n = atomic_load(&dir->di->gen) == l->gen ?
 		    sfs_node_find(de->ino, DTTOIF(de->type)) : NULL;
 	if (!n && sfs_lookup_node(dir, de->name, &n) < 0) {
 		*skip = true;	/* gone since the listing */

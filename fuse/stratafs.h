@@ -62,45 +62,85 @@ struct sfs_entry {
 	struct file_handle *fh;	/* reopens the entry after parking */
 };
 
+/*
+ * A 4-byte mutex (lock.c): 0 free, 1 held, 2 held with sleepers. Not
+ * recursive, like a default pthread mutex.
+ */
+struct sfs_lock {
+	atomic_int v;
+};
+
+void sfs_lock_slow(struct sfs_lock *l);
+void sfs_unlock_slow(struct sfs_lock *l);
+
+static inline void sfs_lock(struct sfs_lock *l)
+{
+	int c = 0;
+
+	if (!atomic_compare_exchange_strong(&l->v, &c, 1))
+		sfs_lock_slow(l);
+}
+
+static inline bool sfs_trylock(struct sfs_lock *l)
+{
+	int c = 0;
+
+	return atomic_compare_exchange_strong(&l->v, &c, 1);
+}
+
+static inline void sfs_unlock(struct sfs_lock *l)
+{
+	if (atomic_fetch_sub(&l->v, 1) != 1)
+		sfs_unlock_slow(l);
+}
+
+/* What only a directory node has; in the node's own allocation. */
+struct sfs_dirinfo {
+	char *redirect;		/* absolute lower path of a moved dir */
+	int64_t subdirs;	/* merged dir: cached subdir count, -1 unknown */
+	atomic_ulong gen;	/* bumped whenever an entry changes */
+	struct sfs_listing *listing;	/* kept while a stream reads */
+	bool opaque;		/* lower layers do not merge */
+	bool impure;		/* upper holds entries with an origin */
+};
+
+/*
+ * One allocation per node, sized to it (a big tree keeps one node per
+ * entry in memory): the fixed part, the lower entries, the directory
+ * part for a directory, then the name.
+ */
 struct sfs_node {
-	fuse_ino_t nodeid;	/* what the kernel calls it (the pointer) */
 	uint64_t ino;		/* st_ino we report: stable, unique */
 	struct sfs_node *hnext;	/* hash chain, under fs->table_lock */
 	uint64_t nlookup;	/* kernel references, under table_lock */
-	uint64_t refs;		/* our references, under table_lock */
-	bool unhashed;		/* never found by number again, under table_lock */
-
-	pthread_mutex_t lock;	/* guards everything below */
 	struct sfs_node *parent;	/* referenced; NULL for root */
-	char *name;
-	mode_t type;		/* S_IFMT bits */
+	char *name;		/* the inline copy, or one a rename allocated */
+	struct sfs_dirinfo *di;	/* directories only, else NULL */
+	uint32_t refs;		/* our references, under table_lock */
+	int32_t index_nlink;	/* indexed: visible names, -1 not loaded */
 	/*
 	 * Descriptors are valid while the node is pinned (sfs_node_pin): an
 	 * idle node may be parked, its descriptors closed and reopened from
 	 * file handles on the next pin, so a tree of any size fits under the
 	 * open-file limit.
 	 */
-	struct sfs_entry up;	/* the upper entry, once has_upper */
-	atomic_bool has_upper;	/* set once, at lookup or copy-up */
 	atomic_int busy;	/* pins: operations using the descriptors */
+	atomic_int nopen;	/* open file handles */
+	struct sfs_lock lock;	/* guards everything below, and di */
+	mode_t type;		/* S_IFMT bits */
+	bool unhashed;		/* never found by number again, under table_lock */
+	atomic_bool has_upper;	/* set once, at lookup or copy-up */
 	atomic_bool parked;
 	atomic_bool used;	/* eviction's clock bit */
 	bool no_park;		/* a layer without file handles */
 	atomic_bool nosec;	/* no setuid/setgid/capability to drop on write */
-	atomic_int nopen;	/* open file handles */
 	bool stale;		/* unlinked and its data released */
-	int nlower;
-	struct sfs_entry *lower;	/* nlower entries, allocated */
-	char *redirect;		/* absolute lower path of a moved dir */
-	bool opaque;		/* dir: lower layers do not merge */
 	bool has_origin;	/* upper copy records the lower's inode number */
-	bool impure;		/* dir: upper holds entries with an origin */
 	bool indexed;		/* upper data lives in the hardlink index */
 	bool unlinked;		/* no name left in the view */
-	int64_t subdirs;	/* merged dir: cached subdir count, -1 unknown */
-	atomic_ulong dir_gen;	/* dir: bumped whenever an entry changes */
-	int64_t index_nlink;	/* indexed: visible names, -1 not loaded */
-	struct sfs_listing *listing;	/* dir: kept while a stream reads */
+	uint8_t nlower;
+	struct sfs_entry up;	/* the upper entry, once has_upper */
+	struct sfs_entry lower[];	/* nlower entries */
 };
 
 /*
@@ -142,7 +182,7 @@ struct sfs_fs {
 	struct sfs_node **table;
 	size_t table_size;
 	size_t table_count;
-	struct sfs_node root;
+	struct sfs_node *root;
 
 	atomic_long node_fds;	/* descriptors held by nodes */
 	long fd_budget;		/* park idle nodes above this */
@@ -229,6 +269,8 @@ int sfs_lower_positive(struct sfs_node *dir, const char *name);
 void sfs_found_release(struct sfs_found *f);
 int sfs_lookup_node(struct sfs_node *dir, const char *name,
 		    struct sfs_node **out);
+int sfs_lookup_held(struct sfs_node *dir, const char *name, struct stat *st,
+		    int *state, struct sfs_node **out);
 int sfs_fill_entry(struct sfs_node *n, struct fuse_entry_param *e);
 int sfs_entry_reply(fuse_req_t req, struct sfs_node *n);
 void sfs_op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name);
@@ -236,6 +278,8 @@ void sfs_op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name);
 /* inode.c */
 int sfs_table_init(struct sfs_fs *fs);
 void sfs_table_destroy(struct sfs_fs *fs);
+struct sfs_node *sfs_node_alloc(mode_t type, int nlower, const char *name);
+fuse_ino_t sfs_node_id(struct sfs_node *n);
 struct sfs_node *sfs_node_get(fuse_ino_t nodeid);
 struct sfs_node *sfs_node_find(uint64_t ino, mode_t type);
 struct sfs_node *sfs_node_from_found(struct sfs_node *parent,

@@ -163,19 +163,17 @@ out_err:
 
 static int sfs_setup_root(struct sfs_fs *fs)
 {
-	struct sfs_node *r = &fs->root;
+	struct sfs_node *r = sfs_node_alloc(S_IFDIR, fs->nlower, "");
 	struct stat st;
 	int top;
 
-	pthread_mutex_init(&r->lock, NULL);
-	r->nodeid = FUSE_ROOT_ID;
-	r->type = S_IFDIR;
-	r->subdirs = -1;
-	r->nlookup = 1;
-	r->name = strdup("");
-	r->lower = calloc(fs->nlower, sizeof(*r->lower));
-	if (!r->name || !r->lower)
+	if (!r)
 		return -ENOMEM;
+	fs->root = r;
+	r->nlookup = 1;
+	/* teardown closes them all, also after a failure half way */
+	for (int i = 0; i < fs->nlower; i++)
+		r->lower[i].fd = -1;
 	if (sfs_has_upper()) {
 		int fd = dup(fs->upper.fd);
 
@@ -183,14 +181,13 @@ static int sfs_setup_root(struct sfs_fs *fs)
 			return -errno;
 		r->up = (struct sfs_entry){ fd, 0, NULL };
 		atomic_store(&r->has_upper, true);
-		r->impure = sfs_dir_is_impure(fd) > 0;
+		r->di->impure = sfs_dir_is_impure(fd) > 0;
 	}
 	for (int i = 0; i < fs->nlower; i++) {
 		r->lower[i].fd = dup(fs->lower[i].fd);
 		r->lower[i].layer = i + 1;
 		if (r->lower[i].fd < 0)
 			return -errno;
-		r->nlower++;
 	}
 	atomic_fetch_add(&fs->node_fds, r->nlower + sfs_has_upper());
 	top = sfs_has_upper() ? fs->upper.fd : fs->lower[0].fd;

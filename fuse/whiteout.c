@@ -84,15 +84,15 @@ int sfs_mark_impure(struct sfs_node *dir)
 {
 	int ret = 0;
 
-	pthread_mutex_lock(&dir->lock);
-	if (!dir->impure) {
+	sfs_lock(&dir->lock);
+	if (!dir->di->impure) {
 		if (fsetxattr(sfs_upper(dir), sfs->xattr_impure, "y",
 			      1, 0) < 0)
 			ret = -errno;
 		else
-			dir->impure = true;
+			dir->di->impure = true;
 	}
-	pthread_mutex_unlock(&dir->lock);
+	sfs_unlock(&dir->lock);
 	return ret;
 }
 

@@ -55,18 +55,18 @@ static int sfs_xpath_lower_symlink(struct sfs_xpath *x, struct sfs_node *n)
 	struct sfs_node *parent;
 	int ret;
 
-	pthread_mutex_lock(&n->lock);
+	sfs_lock(&n->lock);
 	parent = n->parent;
 	sfs_node_ref(parent);
-	pthread_mutex_unlock(&n->lock);
+	sfs_unlock(&n->lock);
 	ret = sfs_node_pin(parent);
 	if (ret < 0) {
 		sfs_node_unref(parent);
 		return ret;
 	}
-	pthread_mutex_lock(&n->lock);
+	sfs_lock(&n->lock);
 	ret = n->parent == parent ? sfs_xpath_lower_name(x, parent, n) : -ESTALE;
-	pthread_mutex_unlock(&n->lock);
+	sfs_unlock(&n->lock);
 	if (ret < 0) {
 		sfs_node_release(parent);
 		return ret;

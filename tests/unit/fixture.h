@@ -142,13 +142,13 @@ static inline int fx_lookup(struct fixture *fx, const char *path,
 		     struct sfs_node **out)
 {
 	char *dup = strdup(path), *save = NULL, *comp;
-	struct sfs_node *dir = &fx->fs.root, *n = NULL;
+	struct sfs_node *dir = fx->fs.root, *n = NULL;
 	int ret = 0;
 
 	for (comp = strtok_r(dup, "/", &save); comp;
 	     comp = strtok_r(NULL, "/", &save)) {
 		ret = sfs_lookup_node(dir, comp, &n);
-		if (dir != &fx->fs.root)
+		if (dir != fx->fs.root)
 			sfs_node_release(dir);
 		if (ret < 0)
 			break;

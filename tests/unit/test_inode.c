@@ -60,7 +60,7 @@ static void test_parking(void)
 	fx.fs.fd_budget = 32;
 	for (int i = 0; i < NFILES; i++) {
 		snprintf(name, sizeof(name), "f%03d", i);
-		CHECK_EQ_INT(sfs_lookup_node(&fx.fs.root, name, &nodes[i]), 0);
+		CHECK_EQ_INT(sfs_lookup_node(fx.fs.root, name, &nodes[i]), 0);
 		/* the kernel's reference keeps it in the table */
 		sfs_node_lookup_inc(nodes[i]);
 		sfs_node_release(nodes[i]);

@@ -65,9 +65,9 @@ static void test_rules(void)
 		CHECK_EQ_INT(n->nlower, 1);
 		sfs_node_release(n);
 	}
-	CHECK_EQ_INT(sfs_lower_positive(&fx.fs.root, "a"), 1);
-	CHECK_EQ_INT(sfs_lower_positive(&fx.fs.root, "w"), 0);
-	CHECK_EQ_INT(sfs_lower_positive(&fx.fs.root, "nope"), 0);
+	CHECK_EQ_INT(sfs_lower_positive(fx.fs.root, "a"), 1);
+	CHECK_EQ_INT(sfs_lower_positive(fx.fs.root, "w"), 0);
+	CHECK_EQ_INT(sfs_lower_positive(fx.fs.root, "nope"), 0);
 	fixture_done(&fx);
 }
 
@@ -96,7 +96,7 @@ static void test_upper(void)
 	CHECK_EQ_INT(fx_lookup(&fx, "gone", &n), -ENOENT);
 	CHECK_EQ_INT(fx_lookup(&fx, "dir", &n), 0);
 	if (n) {
-		CHECK(n->opaque);
+		CHECK(n->di->opaque);
 		CHECK_EQ_INT(n->nlower, 0);
 		sfs_node_release(n);
 	}
@@ -110,7 +110,7 @@ static void test_upper(void)
 	CHECK_EQ_INT(fx_lookup(&fx, "moved", &again), 0);
 	CHECK(n == again);
 	if (n) {
-		CHECK_EQ_STR(n->redirect, "/old");
+		CHECK_EQ_STR(n->di->redirect, "/old");
 		sfs_node_release(n);
 		sfs_node_release(again);
 	}

@@ -27,7 +27,7 @@ static void check_offsets(struct fixture *fx)
 	struct sfs_dirent *a, *b;
 	size_t na, nb;
 
-	CHECK_EQ_INT(sfs_dir_list(&fx->fs.root, &a, &na), 0);
+	CHECK_EQ_INT(sfs_dir_list(fx->fs.root, &a, &na), 0);
 	CHECK_EQ_INT(a[0].off, 1);
 	CHECK_EQ_INT(a[1].off, 2);
 	for (size_t i = 2; i < na; i++) {
@@ -36,7 +36,7 @@ static void check_offsets(struct fixture *fx)
 			CHECK(a[i].off != a[j].off);
 	}
 	fx_file(fx, "u/new", "");
-	CHECK_EQ_INT(sfs_dir_list(&fx->fs.root, &b, &nb), 0);
+	CHECK_EQ_INT(sfs_dir_list(fx->fs.root, &b, &nb), 0);
 	CHECK_EQ_INT(nb, na + 1);
 	for (size_t i = 0; i < na; i++)
 		CHECK_EQ_INT(off_of(b, nb, a[i].name), a[i].off);
@@ -72,7 +72,7 @@ int main(void)
 	fx_dir(&fx, "l2/e");
 	fx_file(&fx, "l2/e/x", "");
 
-	CHECK_EQ_INT(sfs_dir_list(&fx.fs.root, &ents, &count), 0);
+	CHECK_EQ_INT(sfs_dir_list(fx.fs.root, &ents, &count), 0);
 	CHECK(has(ents, count, "."));
 	CHECK(has(ents, count, ".."));
 	CHECK(has(ents, count, "up"));
@@ -93,7 +93,7 @@ int main(void)
 	sfs_dirents_free(ents, count);
 	check_offsets(&fx);
 
-	CHECK_EQ_INT(sfs_dir_count_subdirs(&fx.fs.root, &subdirs), 0);
+	CHECK_EQ_INT(sfs_dir_count_subdirs(fx.fs.root, &subdirs), 0);
 	CHECK_EQ_INT(subdirs, 4);
 
 	/* a merged dir holding only a whiteout is empty in the view */
@@ -102,7 +102,7 @@ int main(void)
 		CHECK_EQ_INT(sfs_dir_check_empty(n), 0);
 		sfs_node_release(n);
 	}
-	CHECK_EQ_INT(sfs_dir_check_empty(&fx.fs.root), -ENOTEMPTY);
+	CHECK_EQ_INT(sfs_dir_check_empty(fx.fs.root), -ENOTEMPTY);
 	fixture_done(&fx);
 	return unit_done("test_readdir");
 }
