@@ -135,7 +135,7 @@ void strata_log_kv(int level, const char *msg, const char *const *kv)
 		clock_gettime(CLOCK_REALTIME, &ts);
 		gmtime_r(&ts.tv_sec, &tm);
 		len = snprintf(line, sizeof(line),
-			       "{\"time\":\"%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ\",\"prog\":\"%s\",\"level\":\"%s\",\"msg\":",
+			       "{\"time\":\"%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ\",\"prog\":\"%s\",\"level\":\"%s\",\"message\":",
 			       tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
 			       tm.tm_hour, tm.tm_min, tm.tm_sec,
 			       ts.tv_nsec / 1000000, log_prog, log_names[level]);

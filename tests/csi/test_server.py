@@ -130,9 +130,13 @@ def test_log_format_json(env):
             continue
         obj = json.loads(line)          # every line is one JSON object
         assert isinstance(obj, dict), line
-        text = json.dumps(obj)
-        if "NodeGetVolumeStats" in text and vid in text:
-            assert "NOT_FOUND" in text, line
+        assert {"time", "level", "message"} <= set(obj), line
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", obj["time"]), line
+        if obj.get("method") == "NodeGetVolumeStats" and obj.get("volume") == vid:
+            # the RPC's fields are members of their own, not text
+            assert obj["code"] == "NOT_FOUND", line
+            assert float(obj["duration_ms"]) >= 0, line
+            assert obj["level"] == "warning" and obj["error"], line
             found = True
     assert found, p.log()[-3000:]
 
