@@ -139,24 +139,34 @@ static int csi_parse_args(int argc, char **argv, struct csi_config *c,
 	char *end;
 	int opt;
 
+	/* the options that just take a string: the last one given wins */
+	const struct {
+		int opt;
+		char **field;
+	} strs[] = {
+		{ 'n', &c->node_id },	  { 'r', &c->root },
+		{ 'd', &c->driver_name }, { 's', &c->stratafs },
+		{ 'M', &c->metrics_address },
+	};
+
 	c->modes = CSI_MODE_NODE | CSI_MODE_CONTROLLER;
 	c->workers = 4;
 	while ((opt = getopt_long(argc, argv, "v:", opts, NULL)) != -1) {
+		size_t i;
+
+		for (i = 0; i < sizeof(strs) / sizeof(strs[0]); i++)
+			if (strs[i].opt == opt)
+				break;
+		if (i < sizeof(strs) / sizeof(strs[0])) {
+			free(*strs[i].field);
+			*strs[i].field = strdup(optarg);
+			if (!*strs[i].field)
+				return 2;
+			continue;
+		}
 		switch (opt) {
 		case 'e':
 			endpoint = optarg;
-			break;
-		case 'n':
-			free(c->node_id);
-			c->node_id = strdup(optarg);
-			break;
-		case 'r':
-			free(c->root);
-			c->root = strdup(optarg);
-			break;
-		case 'd':
-			free(c->driver_name);
-			c->driver_name = strdup(optarg);
 			break;
 		case 'm':
 			if (csi_parse_modes(c, optarg))
@@ -169,20 +179,12 @@ static int csi_parse_args(int argc, char **argv, struct csi_config *c,
 				return 2;
 			}
 			break;
-		case 's':
-			free(c->stratafs);
-			c->stratafs = strdup(optarg);
-			break;
 		case 'l':
 			if (strcmp(optarg, "text") && strcmp(optarg, "json")) {
 				fprintf(stderr, "strata-csi: --log-format is text or json\n");
 				return 2;
 			}
 			*json = !strcmp(optarg, "json");
-			break;
-		case 'M':
-			free(c->metrics_address);
-			c->metrics_address = strdup(optarg);
 			break;
 		case 'v': {
 			long v = strtol(optarg, &end, 10);
