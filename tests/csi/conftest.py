@@ -23,14 +23,19 @@ watchdog (default 60 s, @pytest.mark.timeout(N)) SIGKILLs the plugins and
 aborts the FUSE connections of a test that hangs.
 """
 
+import os
 import signal
 import sys
-import threading
 
 import pytest
 
-from csitest import (DEFAULT_TEST_TIMEOUT, Env, Kubelet, mounts_under, pb,
+# tests/lib: the helpers this suite shares with tests/integration
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "..", "lib"))
+
+from csitest import (DEFAULT_TEST_TIMEOUT, Env, Kubelet, mounts_under, pb,  # noqa: E402
                      strata_csi_binary, stratafs_binary)
+from strata_common import Watchdog  # noqa: E402
 
 _current = {}
 
@@ -62,34 +67,22 @@ def pytest_sessionstart(session):
 def env(request, tmp_path):
     e = Env(tmp_path)
     _current["env"] = e
-    m = request.node.get_closest_marker("timeout")
-    limit = float(m.args[0]) if m else DEFAULT_TEST_TIMEOUT
-    fired = []
-
-    def fire():
-        fired.append(True)
-        sys.stderr.write(f"\n*** watchdog: {request.node.nodeid} exceeded "
-                         f"{limit}s; killing its plugins and daemons\n")
-        e.kill_everything()
-    t = threading.Timer(limit, fire)
-    t.daemon = True
-    t.start()
+    dog = Watchdog(request.node, DEFAULT_TEST_TIMEOUT,
+                   "killing its plugins and daemons", e.kill_everything)
     failures = []
     try:
         yield e
     finally:
-        t.cancel()
+        dog.cancel()
         try:
-            if not fired:
+            if not dog.fired:
                 failures += e.stop_plugins()
         finally:
             # even when interrupted: nothing may outlive the test
             problems = e.cleanup()
             _current.pop("env", None)
         failures += e.sanitizer_reports()
-    if fired:
-        pytest.fail(f"test exceeded its {limit}s time limit (watchdog fired)",
-                    pytrace=False)
+    dog.check()
     if problems:
         sys.stderr.write(f"\nteardown of {request.node.nodeid}: "
                          + "; ".join(problems) + "\n")

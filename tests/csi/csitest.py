@@ -22,6 +22,12 @@ import time
 
 import pytest
 
+import strata_common
+from strata_common import (  # noqa: F401  (re-exported to the tests)
+    SANITIZER_MARKERS, errno_of, fuse_abort, is_mounted, is_sanitizer_build,
+    lazy_umount, mounts_at, mounts_under, read_mountinfo, sanitizer_findings,
+    wait_exit, write_all)
+
 # --------------------------------------------------------------------------
 # configuration
 
@@ -40,7 +46,6 @@ EXIT_TIMEOUT = 10.0
 # fires, the test's plugins are SIGKILLed and its FUSE connections aborted,
 # so a hung call turns into a failure instead of a hung suite.
 DEFAULT_TEST_TIMEOUT = float(os.environ.get("STRATA_TEST_TIMEOUT", "60"))
-SANITIZER_MARKERS = ("AddressSanitizer", "runtime error:", "LeakSanitizer")
 
 MiB = 1 << 20
 
@@ -54,17 +59,8 @@ EXTRA_LAYER = {"extra.txt": "extra\n"}
 def program(env):
     """Absolute path of the program named by environment variable `env`;
     fails (never skips) the test when it is unusable."""
-    path = os.environ.get(env)
-    if not path:
-        pytest.fail(f"{env} environment variable is not set: it must name the "
-                    f"{env.lower().replace('_', '-')} binary (absolute path), e.g. "
-                    f"{env}=/tmp/b-test/{env.lower().replace('_', '-')}",
-                    pytrace=False)
-    if not os.path.isabs(path):
-        pytest.fail(f"{env}={path!r} is not an absolute path", pytrace=False)
-    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
-        pytest.fail(f"{env}={path!r} is not an executable file", pytrace=False)
-    return path
+    return strata_common.program(
+        env, f", e.g. {env}=/tmp/b-test/{env.lower().replace('_', '-')}")
 
 
 def strata_csi_binary():
@@ -77,16 +73,6 @@ def stratactl_binary():
 
 def stratafs_binary():
     return program("STRATAFS")
-
-
-def is_sanitizer_build(binary):
-    """True if the binary carries an ASan runtime (static or dynamic)."""
-    try:
-        with open(binary, "rb") as f:
-            data = f.read()
-    except OSError:
-        return False
-    return b"AddressSanitizer" in data or b"libasan.so" in data
 
 
 # --------------------------------------------------------------------------
@@ -259,6 +245,15 @@ def cap(mode="SINGLE_NODE_WRITER", *, block=False, flags=(), group="",
     return c
 
 
+def rpc_capabilities(csi, method, capability):
+    """The RPC type names in the reply of a Controller/NodeGetCapabilities
+    `method`; `capability` is its ...ServiceCapability message class."""
+    code, r = csi.call(method)
+    assert code == "OK", r
+    T = capability.RPC.Type
+    return {T.Name(c.rpc.type) for c in r.capabilities}
+
+
 def topology(node, driver=DEFAULT_DRIVER):
     return pb().Topology(segments={f"{driver}/node": node})
 
@@ -266,77 +261,12 @@ def topology(node, driver=DEFAULT_DRIVER):
 # --------------------------------------------------------------------------
 # /proc: mounts and processes
 
-def _unescape_mountinfo(s):
-    out, i = [], 0
-    while i < len(s):
-        if s[i] == "\\" and i + 3 < len(s) and s[i + 1:i + 4].isdigit():
-            out.append(chr(int(s[i + 1:i + 4], 8)))
-            i += 4
-        else:
-            out.append(s[i])
-            i += 1
-    return "".join(out)
-
-
-def read_mountinfo():
-    res = []
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            left, _, right = line.rstrip("\n").partition(" - ")
-            lf = left.split(" ")
-            rf = right.split(" ")
-            res.append({
-                "id": lf[0], "majmin": lf[2], "root": _unescape_mountinfo(lf[3]),
-                "mountpoint": _unescape_mountinfo(lf[4]), "mntopts": lf[5],
-                "fstype": rf[0],
-                "source": _unescape_mountinfo(rf[1]) if len(rf) > 1 else "",
-                "superopts": rf[2] if len(rf) > 2 else "",
-            })
-    return res
-
-
-def mounts_at(path):
-    path = os.path.realpath(path)
-    return [m for m in read_mountinfo() if m["mountpoint"] == path]
-
-
-def mounts_under(base):
-    base = os.path.realpath(base)
-    return [m for m in read_mountinfo()
-            if m["mountpoint"] == base or m["mountpoint"].startswith(base + "/")]
-
-
-def is_mounted(path, fstype=None):
-    return any(fstype is None or m["fstype"] == fstype for m in mounts_at(path))
-
-
 def mount_opts(path):
     """The options of the top mount at path: mount options + super options."""
     ms = mounts_at(path)
     assert ms, f"nothing is mounted at {path}"
     m = ms[-1]
     return set(m["mntopts"].split(",")) | set(m["superopts"].split(","))
-
-
-def lazy_umount(path):
-    subprocess.run(["umount", "-l", path], stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL)
-
-
-def fuse_abort(mountpoint):
-    """Abort the FUSE connection behind `mountpoint` (unsticks hung syscalls)."""
-    conns = "/sys/fs/fuse/connections"
-    if not os.path.isdir(conns) or not os.listdir(conns):
-        subprocess.run(["mount", "-t", "fusectl", "none", conns],
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for m in mounts_at(mountpoint):
-        if m["fstype"].startswith("fuse"):
-            minor = m["majmin"].split(":")[1]
-            try:
-                with open(f"{conns}/{minor}/abort", "w") as f:
-                    f.write("1")
-            except OSError:
-                pass
 
 
 def proc_state(pid):
@@ -400,15 +330,6 @@ def poll(fn, timeout=10.0, interval=0.02, what="condition"):
         time.sleep(interval)
 
 
-def errno_of(fn, *args, **kw):
-    """Run fn; return 0 on success or the OSError's errno."""
-    try:
-        fn(*args, **kw)
-        return 0
-    except OSError as e:
-        return e.errno
-
-
 def answers(path):
     """True when a directory (a mount) answers a listing."""
     try:
@@ -422,10 +343,7 @@ def write_file(path, data, sync=True):
     data = data.encode() if isinstance(data, str) else data
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        view = memoryview(data)
-        while view:
-            n = os.write(fd, view)
-            view = view[n:]
+        write_all(fd, data)
         if sync:
             os.fsync(fd)
     finally:
@@ -753,26 +671,29 @@ class Env:
                 pass
         return pids
 
-    def stop_plugins(self):
-        """SIGTERM every live plugin (so a sanitizer build reports leaks);
-        return the problems: a plugin that did not exit 0."""
-        problems = []
+    def close_clients(self):
+        """Close every plugin's client connection (an idle one makes the
+        server's shutdown wait)."""
         for p in self.plugins:
-            # an idle client connection makes the server's shutdown wait
             if p.csi is not None:
                 try:
                     p.csi.close()
                 except Exception:
                     pass
+
+    def stop_plugins(self):
+        """SIGTERM every live plugin (so a sanitizer build reports leaks);
+        return the problems: a plugin that did not exit 0."""
+        problems = []
+        self.close_clients()
+        for p in self.plugins:
             if p.alive():
                 p.proc.send_signal(signal.SIGTERM)
         for p in self.plugins:
             if p.proc is None or p.proc.returncode is not None:
                 continue
-            try:
-                rc = p.proc.wait(EXIT_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                p.kill()
+            rc = wait_exit(p.proc, EXIT_TIMEOUT, p.kill)
+            if rc is None:
                 problems.append(f"{p.name} did not exit within {EXIT_TIMEOUT}s "
                                 f"of SIGTERM:\n{p.log()[-2000:]}")
                 continue
@@ -807,12 +728,7 @@ class Env:
         """Kill what the test started and unmount what it mounted; return
         a list of problems worth a teardown note (processes still alive)."""
         problems = []
-        for p in self.plugins:
-            if p.csi is not None:
-                try:
-                    p.csi.close()
-                except Exception:
-                    pass
+        self.close_clients()
         self.kill_everything()
         for _ in range(3):
             ms = mounts_under(self.base)
@@ -947,10 +863,6 @@ def raw_socket_send(sock_path, data, read=True, timeout=2.0):
     finally:
         s.close()
     return got
-
-
-def sanitizer_findings(text):
-    return [m for m in SANITIZER_MARKERS if m in text]
 
 
 def statvfs_free(path):

@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from csitest import (DEFAULT_NODE, MiB, VOLUME_ID_RE, cap, pb, snapshot,
-                     statvfs_free, topology)
+from csitest import (DEFAULT_NODE, MiB, VOLUME_ID_RE, cap, pb, rpc_capabilities,
+                     snapshot, statvfs_free, topology)
 
 
 def create(csi, name="vol", layers="base", **kw):
@@ -427,10 +427,8 @@ def test_get_capacity_default_root(csi, strata):
 
 
 def test_controller_capabilities(csi):
-    code, r = csi.ControllerGetCapabilities()
-    assert code == "OK"
-    T = pb().ControllerServiceCapability.RPC.Type
-    got = {T.Name(c.rpc.type) for c in r.capabilities}
+    got = rpc_capabilities(csi, "ControllerGetCapabilities",
+                           pb().ControllerServiceCapability)
     assert {"CREATE_DELETE_VOLUME", "LIST_VOLUMES", "GET_CAPACITY",
             "SINGLE_NODE_MULTI_WRITER"} <= got
     # nothing it does not implement

@@ -21,6 +21,16 @@ def assert_all_gone(env, strata, vid, pid):
     assert not os.path.exists(strata.path("node", vid + ".json"))
 
 
+def tear_down(env, kubelet, strata, vid, st, targets, pid):
+    """Unpublish `targets`, unstage and delete the volume, as kubelet and the
+    provisioner do; then nothing of it (mounts, daemon `pid`, records) is left."""
+    for tgt in targets:
+        kubelet.unpublish(vid, tgt)
+    kubelet.unstage(vid, st)
+    kubelet.delete(vid)
+    assert_all_gone(env, strata, vid, pid)
+
+
 @pytest.mark.timeout(90)
 def test_kubelet_sequence(env, kubelet, strata):
     lower_before = snapshot(strata.path("layers", "base"))
@@ -52,9 +62,7 @@ def test_kubelet_sequence(env, kubelet, strata):
     kubelet.unpublish(vid, t1)
     kubelet.unpublish(vid, t2)
     assert not os.path.exists(t1) and not os.path.exists(t2)
-    kubelet.unstage(vid, st)
-    kubelet.delete(vid)
-    assert_all_gone(env, strata, vid, pid)
+    tear_down(env, kubelet, strata, vid, st, [], pid)
     assert snapshot(strata.path("layers", "base")) == lower_before
 
 
@@ -85,10 +93,7 @@ def test_restart_after_stage(env, kubelet, strata):
     kubelet.stage(vid, st)
     tgt = kubelet.publish(vid, st)
     assert read_file(os.path.join(tgt, "staged-data")) == b"before the crash"
-    kubelet.unpublish(vid, tgt)
-    kubelet.unstage(vid, st)
-    kubelet.delete(vid)
-    assert_all_gone(env, strata, vid, pid)
+    tear_down(env, kubelet, strata, vid, st, [tgt], pid)
 
 
 @pytest.mark.timeout(90)
@@ -107,11 +112,7 @@ def test_restart_after_publish(env, kubelet, strata):
     kubelet.publish(vid, st, t1)
     code, r = kubelet.csi.NodeGetVolumeStats(volume_id=vid, volume_path=t1)
     assert code == "OK", r
-    kubelet.unpublish(vid, t1)
-    kubelet.unpublish(vid, t2)
-    kubelet.unstage(vid, st)
-    kubelet.delete(vid)
-    assert_all_gone(env, strata, vid, pid)
+    tear_down(env, kubelet, strata, vid, st, [t1, t2], pid)
 
 
 @pytest.mark.timeout(90)
@@ -122,10 +123,7 @@ def test_restart_sigterm_then_teardown(env, kubelet, strata):
     pid = strata.daemon_pid(vid)
     strata.restart(hard=False)
     assert strata.daemon_pid(vid) == pid
-    kubelet.unpublish(vid, tgt)
-    kubelet.unstage(vid, st)
-    kubelet.delete(vid)
-    assert_all_gone(env, strata, vid, pid)
+    tear_down(env, kubelet, strata, vid, st, [tgt], pid)
 
 
 def _heal_setup(env, kubelet, strata):
@@ -152,10 +150,7 @@ def test_restart_heals_dead_daemon(env, kubelet, strata):
     assert read_file(os.path.join(st, "precious")) == b"survives the daemon"
     # one live FUSE mount at the staging path (the dead one is gone)
     assert len([m for m in mounts_under(st)]) == 1
-    kubelet.unpublish(vid, tgt)
-    kubelet.unstage(vid, st)
-    kubelet.delete(vid)
-    assert_all_gone(env, strata, vid, new)
+    tear_down(env, kubelet, strata, vid, st, [tgt], new)
 
 
 @pytest.mark.timeout(90)

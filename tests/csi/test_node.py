@@ -11,7 +11,7 @@ import pytest
 from csitest import (DEFAULT_NODE, MiB, STRATAFS_FSTYPE, Kubelet, answers,
                      assert_daemon_gone, cap, errno_of, is_mounted, mount_opts,
                      mounts_at, mounts_under, pb, pid_alive, poll, read_file,
-                     write_file)
+                     rpc_capabilities, write_file)
 
 UNKNOWN_ID = "sv-" + "f" * 32
 MALFORMED_IDS = ["", "sv-xyz", "../volumes", "sv-" + "F" * 32, "sv-" + "0" * 33]
@@ -349,13 +349,19 @@ def test_publish_relative_target_invalid(env, kubelet, csi):
 # --------------------------------------------------------------------------
 # NodeUnpublishVolume
 
+def published_req_without(kubelet, path_field, missing):
+    """(request fields, target) for a published volume: volume_id and
+    `path_field` (the target), less the field `missing`."""
+    vid = kubelet.create("v")
+    tgt = kubelet.publish(vid, kubelet.stage(vid))
+    req = {"volume_id": vid, path_field: tgt}
+    del req[missing]
+    return req, tgt
+
+
 @pytest.mark.parametrize("missing", ["volume_id", "target_path"])
 def test_unpublish_requires_fields(env, kubelet, csi, missing):
-    vid = kubelet.create("v")
-    st = kubelet.stage(vid)
-    tgt = kubelet.publish(vid, st)
-    req = dict(volume_id=vid, target_path=tgt)
-    del req[missing]
+    req, tgt = published_req_without(kubelet, "target_path", missing)
     assert csi.NodeUnpublishVolume(**req).code == "INVALID_ARGUMENT"
     assert is_mounted(tgt)
 
@@ -488,11 +494,7 @@ def usage(reply):
 
 @pytest.mark.parametrize("missing", ["volume_id", "volume_path"])
 def test_stats_requires_fields(env, kubelet, csi, missing):
-    vid = kubelet.create("v")
-    st = kubelet.stage(vid)
-    tgt = kubelet.publish(vid, st)
-    req = dict(volume_id=vid, volume_path=tgt)
-    del req[missing]
+    req, _ = published_req_without(kubelet, "volume_path", missing)
     assert csi.NodeGetVolumeStats(**req).code == "INVALID_ARGUMENT"
 
 
@@ -545,10 +547,7 @@ def test_stats_total_is_capacity(env, kubelet, csi):
 # NodeGetCapabilities, NodeGetInfo
 
 def test_node_capabilities(csi):
-    code, r = csi.NodeGetCapabilities()
-    assert code == "OK"
-    T = pb().NodeServiceCapability.RPC.Type
-    got = {T.Name(c.rpc.type) for c in r.capabilities}
+    got = rpc_capabilities(csi, "NodeGetCapabilities", pb().NodeServiceCapability)
     assert {"STAGE_UNSTAGE_VOLUME", "GET_VOLUME_STATS", "VOLUME_MOUNT_GROUP",
             "SINGLE_NODE_MULTI_WRITER"} <= got
     assert "EXPAND_VOLUME" not in got

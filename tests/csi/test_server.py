@@ -193,15 +193,20 @@ def test_secrets_never_logged(env):
 # --------------------------------------------------------------------------
 # one instance per socket
 
-def test_second_instance_on_same_socket_refused(env, strata):
-    other_root = env.new_root("root2", layers={"base": {"f": "x"}})
-    second = env.plugin(root=other_root, sock=strata.sock, start=False)
+def assert_refused(second, what):
+    """Start the plugin `second`: it must exit non-zero within 10 s."""
     second.start(wait=None)
     try:
         rc = second.proc.wait(10)
     except subprocess.TimeoutExpired:
-        pytest.fail("a second plugin on the same socket kept running")
+        pytest.fail(f"a second plugin on the same {what} kept running")
     assert rc != 0
+
+
+def test_second_instance_on_same_socket_refused(env, strata):
+    other_root = env.new_root("root2", layers={"base": {"f": "x"}})
+    second = env.plugin(root=other_root, sock=strata.sock, start=False)
+    assert_refused(second, "socket")
     msg = second.log()
     assert re.search(r"already|lock|in use|running|another", msg, re.I), \
         f"unclear refusal message: {msg!r}"
@@ -217,12 +222,7 @@ def test_second_instance_on_same_socket_refused(env, strata):
 
 def test_second_instance_on_same_store_refused(env, strata):
     second = env.plugin(root=strata.root, start=False)
-    second.start(wait=None)
-    try:
-        rc = second.proc.wait(10)
-    except subprocess.TimeoutExpired:
-        pytest.fail("a second plugin on the same store kept running")
-    assert rc != 0
+    assert_refused(second, "store")
     assert second.log().strip(), "refused without a message"
     assert strata.csi.Probe().code == "OK"
 

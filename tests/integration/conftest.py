@@ -25,13 +25,17 @@ Layer specs are dicts ``relative path -> entry``; see stratatest.build_tree.
 import os
 import signal
 import sys
-import threading
 
 import pytest
 
-from stratatest import (DEFAULT_TEST_TIMEOUT, UnionFactory, _live_procs,
-                        _live_unions, fuse_abort, lazy_umount, read_mountinfo,
+# tests/lib: the helpers this suite shares with tests/csi
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "..", "lib"))
+
+from stratatest import (DEFAULT_TEST_TIMEOUT, UnionFactory, _live_procs,  # noqa: E402
+                        _live_unions, fuse_abort, lazy_umount, mounts_under,
                         stratafs_binary)
+from strata_common import Watchdog  # noqa: E402
 
 
 def _factory(request, tmp_path, kind):
@@ -112,25 +116,15 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def _watchdog(request):
-    m = request.node.get_closest_marker("timeout")
-    limit = float(m.args[0]) if m else DEFAULT_TEST_TIMEOUT
-    fired = []
-
-    def fire():
-        fired.append(True)
-        sys.stderr.write(f"\n*** watchdog: {request.node.nodeid} exceeded {limit}s; "
-                         "aborting stratafs FUSE connections\n")
+    def abort_all():
         for u in list(_live_unions):
             if u.kind == "stratafs":
                 fuse_abort(u.mnt)
-    t = threading.Timer(limit, fire)
-    t.daemon = True
-    t.start()
+    dog = Watchdog(request.node, DEFAULT_TEST_TIMEOUT,
+                   "aborting stratafs FUSE connections", abort_all)
     yield
-    t.cancel()
-    if fired:
-        pytest.fail(f"test exceeded its {limit}s time limit (watchdog fired)",
-                    pytrace=False)
+    dog.cancel()
+    dog.check()
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -138,12 +132,9 @@ def pytest_sessionfinish(session, exitstatus):
     factory = getattr(session.config, "_tmp_path_factory", None)
     basetemp = getattr(factory, "_basetemp", None) if factory else None
     if basetemp is not None:
-        base = os.path.realpath(str(basetemp))
-        for m in read_mountinfo():
-            mp = m["mountpoint"]
-            if mp == base or mp.startswith(base + "/"):
-                problems.append(f"leftover mount: {mp} ({m['fstype']})")
-                lazy_umount(mp)
+        for m in mounts_under(str(basetemp)):
+            problems.append(f"leftover mount: {m['mountpoint']} ({m['fstype']})")
+            lazy_umount(m["mountpoint"])
     for p in list(_live_procs):
         if p.poll() is None:
             problems.append(f"leftover stratafs process pid {p.pid}: {p.args}")

@@ -13,6 +13,11 @@ import time
 
 import pytest
 
+from strata_common import (  # noqa: F401  (re-exported to the tests)
+    SANITIZER_MARKERS, errno_of, fuse_abort, is_mounted, is_sanitizer_build,
+    lazy_umount, mounts_at, mounts_under, program, read_mountinfo,
+    sanitizer_findings, wait_exit, write_all)
+
 # --------------------------------------------------------------------------
 # constants / configuration
 
@@ -20,7 +25,6 @@ STRATAFS_ENV = "STRATAFS"
 # The fs type stratafs mounts show in /proc/self/mountinfo.  Overridable only
 # to self-test this harness against another FUSE overlay (see README).
 STRATAFS_FSTYPE = os.environ.get("STRATA_FSTYPE", "fuse.stratafs")
-SANITIZER_MARKERS = ("AddressSanitizer", "runtime error:", "LeakSanitizer")
 MOUNT_TIMEOUT = 10.0
 EXIT_TIMEOUT = 10.0
 # Per-test watchdog: after this many seconds every stratafs FUSE connection of
@@ -61,69 +65,12 @@ def renameat2(src, dst, flags=0, src_dir_fd=AT_FDCWD, dst_dir_fd=AT_FDCWD):
 
 def stratafs_binary():
     """Absolute path of the stratafs binary; fails the test if unusable."""
-    path = os.environ.get(STRATAFS_ENV)
-    if not path:
-        pytest.fail(
-            "STRATAFS environment variable is not set: it must name the "
-            "stratafs binary (absolute path).  To run only the kernel "
-            "overlayfs variants use:  -m 'not stratafs'", pytrace=False)
-    if not os.path.isabs(path):
-        pytest.fail(f"STRATAFS={path!r} is not an absolute path", pytrace=False)
-    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
-        pytest.fail(f"STRATAFS={path!r} is not an executable file", pytrace=False)
-    return path
-
-
-def is_sanitizer_build(binary):
-    """True if the binary carries an ASan runtime (static or dynamic)."""
-    try:
-        with open(binary, "rb") as f:
-            data = f.read()
-    except OSError:
-        return False
-    return b"AddressSanitizer" in data or b"libasan.so" in data
+    return program(STRATAFS_ENV, ".  To run only the kernel overlayfs "
+                   "variants use:  -m 'not stratafs'")
 
 
 # --------------------------------------------------------------------------
 # /proc/self/mountinfo
-
-def _unescape_mountinfo(s):
-    out, i = [], 0
-    while i < len(s):
-        if s[i] == "\\" and i + 3 < len(s) and s[i + 1:i + 4].isdigit():
-            out.append(chr(int(s[i + 1:i + 4], 8)))
-            i += 4
-        else:
-            out.append(s[i])
-            i += 1
-    return "".join(out)
-
-
-def read_mountinfo():
-    """List of dicts: id, majmin, root, mountpoint, mntopts, fstype, source, superopts."""
-    res = []
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            left, _, right = line.rstrip("\n").partition(" - ")
-            lf = left.split(" ")
-            rf = right.split(" ")
-            res.append({
-                "id": lf[0], "majmin": lf[2], "root": _unescape_mountinfo(lf[3]),
-                "mountpoint": _unescape_mountinfo(lf[4]), "mntopts": lf[5],
-                "fstype": rf[0], "source": _unescape_mountinfo(rf[1]) if len(rf) > 1 else "",
-                "superopts": rf[2] if len(rf) > 2 else "",
-            })
-    return res
-
-
-def mounts_at(path):
-    path = os.path.realpath(path)
-    return [m for m in read_mountinfo() if m["mountpoint"] == path]
-
-
-def is_mounted(path, fstype=None):
-    return any(fstype is None or m["fstype"] == fstype for m in mounts_at(path))
-
 
 def wait_for_mount(path, fstype, proc=None, stderr_path=None, timeout=MOUNT_TIMEOUT):
     """Poll mountinfo until `path` carries an `fstype` mount."""
@@ -161,31 +108,6 @@ def run(cmd, check=True, **kw):
         raise AssertionError(f"command {cmd} failed with {r.returncode}:\n"
                              f"stdout: {r.stdout}\nstderr: {r.stderr}")
     return r
-
-
-def lazy_umount(path):
-    subprocess.run(["umount", "-l", path], stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL)
-
-
-def sanitizer_findings(text):
-    return [m for m in SANITIZER_MARKERS if m in text]
-
-
-def fuse_abort(mountpoint):
-    """Abort the FUSE connection behind `mountpoint` (unsticks hung syscalls)."""
-    conns = "/sys/fs/fuse/connections"
-    if not os.path.isdir(conns) or not os.listdir(conns):
-        subprocess.run(["mount", "-t", "fusectl", "none", conns],
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for m in mounts_at(mountpoint):
-        if m["fstype"].startswith("fuse"):
-            minor = m["majmin"].split(":")[1]
-            try:
-                with open(f"{conns}/{minor}/abort", "w") as f:
-                    f.write("1")
-            except OSError:
-                pass
 
 
 # --------------------------------------------------------------------------
@@ -612,21 +534,9 @@ def read_bytes(path):
 def write_bytes(path, data, flags=os.O_WRONLY | os.O_CREAT | os.O_TRUNC):
     fd = os.open(path, flags, 0o644)
     try:
-        view = memoryview(data)
-        while view:
-            n = os.write(fd, view)
-            view = view[n:]
+        write_all(fd, data)
     finally:
         os.close(fd)
-
-
-def errno_of(fn, *args, **kw):
-    """Run fn; return 0 on success or the OSError's errno."""
-    try:
-        fn(*args, **kw)
-        return 0
-    except OSError as e:
-        return e.errno
 
 
 # --------------------------------------------------------------------------
@@ -780,13 +690,10 @@ class Union:
             if r.returncode != 0:
                 problems.append(f"fusermount3 -u failed: {r.stderr.strip()}")
                 lazy_umount(self.mnt)
-            try:
-                rc = self.proc.wait(EXIT_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                self._kill()
+            rc = wait_exit(self.proc, EXIT_TIMEOUT, self._kill)
+            if rc is None:
                 problems.append(f"stratafs (pid {self.pid}) did not exit within "
                                 f"{EXIT_TIMEOUT}s of the unmount; killed")
-                rc = None
             if self.proc in _live_procs:
                 _live_procs.remove(self.proc)
             err = self.stderr()

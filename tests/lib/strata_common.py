@@ -1,0 +1,180 @@
+"""Helpers shared by the stratafs integration suite (tests/integration) and
+the strata-csi suite (tests/csi): /proc/self/mountinfo, unmounting and
+aborting FUSE connections, sanitizer reports, errno checks and the per-test
+watchdog.  Each suite's conftest.py puts this folder on sys.path; the
+suites' own helper modules (stratatest.py, csitest.py) re-export these
+names, so test modules import them from there."""
+
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+
+# --------------------------------------------------------------------------
+# the programs, files and errors
+
+def program(env, hint=""):
+    """Absolute path of the program named by environment variable `env`;
+    fails (never skips) the test when it is unusable.  `hint` ends the
+    message that `env` is not set."""
+    path = os.environ.get(env)
+    if not path:
+        pytest.fail(f"{env} environment variable is not set: it must name the "
+                    f"{env.lower().replace('_', '-')} binary (absolute path){hint}",
+                    pytrace=False)
+    if not os.path.isabs(path):
+        pytest.fail(f"{env}={path!r} is not an absolute path", pytrace=False)
+    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+        pytest.fail(f"{env}={path!r} is not an executable file", pytrace=False)
+    return path
+
+
+SANITIZER_MARKERS = ("AddressSanitizer", "runtime error:", "LeakSanitizer")
+
+
+def is_sanitizer_build(binary):
+    """True if the binary carries an ASan runtime (static or dynamic)."""
+    try:
+        with open(binary, "rb") as f:
+            data = f.read()
+    except OSError:
+        return False
+    return b"AddressSanitizer" in data or b"libasan.so" in data
+
+
+def sanitizer_findings(text):
+    return [m for m in SANITIZER_MARKERS if m in text]
+
+
+def write_all(fd, data):
+    """os.write until all of `data` is written."""
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def wait_exit(proc, timeout, kill):
+    """The exit status of the Popen `proc`, or None when it does not exit
+    within `timeout` seconds (then `kill()` is called)."""
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        kill()
+        return None
+
+
+def errno_of(fn, *args, **kw):
+    """Run fn; return 0 on success or the OSError's errno."""
+    try:
+        fn(*args, **kw)
+        return 0
+    except OSError as e:
+        return e.errno
+
+
+# --------------------------------------------------------------------------
+# /proc/self/mountinfo
+
+def _unescape_mountinfo(s):
+    out, i = [], 0
+    while i < len(s):
+        if s[i] == "\\" and i + 3 < len(s) and s[i + 1:i + 4].isdigit():
+            out.append(chr(int(s[i + 1:i + 4], 8)))
+            i += 4
+        else:
+            out.append(s[i])
+            i += 1
+    return "".join(out)
+
+
+def read_mountinfo():
+    """List of dicts: id, majmin, root, mountpoint, mntopts, fstype, source, superopts."""
+    res = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            left, _, right = line.rstrip("\n").partition(" - ")
+            lf = left.split(" ")
+            rf = right.split(" ")
+            res.append({
+                "id": lf[0], "majmin": lf[2], "root": _unescape_mountinfo(lf[3]),
+                "mountpoint": _unescape_mountinfo(lf[4]), "mntopts": lf[5],
+                "fstype": rf[0],
+                "source": _unescape_mountinfo(rf[1]) if len(rf) > 1 else "",
+                "superopts": rf[2] if len(rf) > 2 else "",
+            })
+    return res
+
+
+def mounts_at(path):
+    path = os.path.realpath(path)
+    return [m for m in read_mountinfo() if m["mountpoint"] == path]
+
+
+def mounts_under(base):
+    """The mounts at `base` and below it."""
+    base = os.path.realpath(base)
+    return [m for m in read_mountinfo()
+            if m["mountpoint"] == base or m["mountpoint"].startswith(base + "/")]
+
+
+def is_mounted(path, fstype=None):
+    return any(fstype is None or m["fstype"] == fstype for m in mounts_at(path))
+
+
+def lazy_umount(path):
+    subprocess.run(["umount", "-l", path], stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
+
+
+def fuse_abort(mountpoint):
+    """Abort the FUSE connection behind `mountpoint` (unsticks hung syscalls)."""
+    conns = "/sys/fs/fuse/connections"
+    if not os.path.isdir(conns) or not os.listdir(conns):
+        subprocess.run(["mount", "-t", "fusectl", "none", conns],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for m in mounts_at(mountpoint):
+        if m["fstype"].startswith("fuse"):
+            minor = m["majmin"].split(":")[1]
+            try:
+                with open(f"{conns}/{minor}/abort", "w") as f:
+                    f.write("1")
+            except OSError:
+                pass
+
+
+# --------------------------------------------------------------------------
+# the per-test watchdog
+
+class Watchdog:
+    """Starts a timer for the test `node`: its limit is the test's
+    @pytest.mark.timeout(N), else `default` seconds.  When it fires it says
+    so on stderr (`what`: what it does about it) and calls `action`, which
+    should turn the hung test into a failure (kill, abort connections).
+    Call cancel() when the test is over, then check() to fail the test if
+    it fired."""
+
+    def __init__(self, node, default, what, action):
+        m = node.get_closest_marker("timeout")
+        self.limit = float(m.args[0]) if m else default
+        self.fired = False
+        self._nodeid, self._what, self._action = node.nodeid, what, action
+        self._timer = threading.Timer(self.limit, self._fire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _fire(self):
+        self.fired = True
+        sys.stderr.write(f"\n*** watchdog: {self._nodeid} exceeded "
+                         f"{self.limit}s; {self._what}\n")
+        self._action()
+
+    def cancel(self):
+        self._timer.cancel()
+
+    def check(self):
+        if self.fired:
+            pytest.fail(f"test exceeded its {self.limit}s time limit (watchdog fired)",
+                        pytrace=False)
