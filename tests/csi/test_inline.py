@@ -5,7 +5,7 @@ GetCapacity steering claims away from nodes without a class's layers."""
 
 import os
 
-from csitest import (STRATAFS_FSTYPE, answers, cap, is_mounted, pb, poll,
+from csitest import (STRATAFS_FSTYPE, answers, cap, is_mounted, poll,
                      read_file, write_file)
 
 EPH = "csi.storage.k8s.io/ephemeral"
