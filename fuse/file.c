@@ -79,6 +79,66 @@ void sfs_file_set_cache(struct fuse_file_info *fi)
 	fi->noflush = 1;
 }
 
+static bool sfs_req_in_group(fuse_req_t req, gid_t gid)
+{
+	gid_t groups[64];
+	int n;
+
+	if (fuse_req_ctx(req)->gid == gid)
+		return true;
+	n = fuse_req_getgroups(req, 64, groups);
+	for (int i = 0; i < n && i < 64; i++)
+		if (groups[i] == gid)
+			return true;
+	return false;
+}
+
+/*
+ * The setuid/setgid bits a write or truncate by this caller removes,
+ * by the kernel's rules: setuid always, setgid when group-executable or
+ * when the writer is not in the file's group. Root keeps both.
+ */
+mode_t sfs_killpriv_bits(fuse_req_t req, const struct stat *st)
+{
+	mode_t kill = 0;
+
+	if (fuse_req_ctx(req)->uid == 0)
+		return 0;
+	if (st->st_mode & S_ISUID)
+		kill |= S_ISUID;
+	if ((st->st_mode & S_ISGID) &&
+	    ((st->st_mode & S_IXGRP) || !sfs_req_in_group(req, st->st_gid)))
+		kill |= S_ISGID;
+	return kill;
+}
+
+/*
+ * With HANDLE_KILLPRIV_V2 (see handshake.c) the kernel leaves this to
+ * us on write and on a truncating open. Once a file has no privileges
+ * left, writes skip the check until its attributes change.
+ */
+static int sfs_file_killpriv(fuse_req_t req, struct sfs_file *f)
+{
+	struct sfs_node *n = f->node;
+	struct stat st;
+	mode_t kill;
+
+	if (atomic_load(&n->nosec))
+		return 0;
+	if (fstat(f->fd, &st) < 0)
+		return -errno;
+	kill = sfs_killpriv_bits(req, &st);
+	if (kill && fchmod(f->fd, st.st_mode & 07777 & ~kill) < 0)
+		return -errno;
+	/* file capabilities go on any write, as in the kernel */
+	if (fremovexattr(f->fd, "security.capability") < 0 &&
+	    errno != ENODATA && errno != EOPNOTSUPP)
+		return -errno;
+	if (!(st.st_mode & ~kill & (S_ISUID | S_ISGID)))
+		atomic_store(&n->nosec, true);
+	return 0;
+}
+
 void sfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
 	struct sfs_file *f;
@@ -93,6 +153,15 @@ void sfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	if (ret < 0) {
 		sfs_reply_err(req, ret);
 		return;
+	}
+	/* a truncating open drops privileges as a truncate does */
+	if (fi->flags & O_TRUNC) {
+		ret = sfs_file_killpriv(req, f);
+		if (ret < 0) {
+			sfs_file_close(f);
+			sfs_reply_err(req, ret);
+			return;
+		}
 	}
 	fi->fh = (uintptr_t)f;
 	sfs_file_set_cache(fi);
@@ -137,66 +206,6 @@ void sfs_op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 	sfs_count(STRATA_ST_READ, 1);
 	sfs_count(STRATA_ST_READ_BYTES, size);
 	sfs_io_read(req, sfs_file_readfd(sfs_fh(fi)), size, off);
-}
-
-static bool sfs_req_in_group(fuse_req_t req, gid_t gid)
-{
-	gid_t groups[64];
-	int n;
-
-	if (fuse_req_ctx(req)->gid == gid)
-		return true;
-	n = fuse_req_getgroups(req, 64, groups);
-	for (int i = 0; i < n && i < 64; i++)
-		if (groups[i] == gid)
-			return true;
-	return false;
-}
-
-/*
- * The setuid/setgid bits a write or truncate by this caller removes,
- * by the kernel's rules: setuid always, setgid when group-executable or
- * when the writer is not in the file's group. Root keeps both.
- */
-mode_t sfs_killpriv_bits(fuse_req_t req, const struct stat *st)
-{
-	mode_t kill = 0;
-
-	if (fuse_req_ctx(req)->uid == 0)
-		return 0;
-	if (st->st_mode & S_ISUID)
-		kill |= S_ISUID;
-	if ((st->st_mode & S_ISGID) &&
-	    ((st->st_mode & S_IXGRP) || !sfs_req_in_group(req, st->st_gid)))
-		kill |= S_ISGID;
-	return kill;
-}
-
-/*
- * With HANDLE_KILLPRIV the kernel leaves this to us, which spares a
- * GETXATTR of security.capability before every write. Once a file has
- * no privileges left, writes skip the check until its attributes change.
- */
-static int sfs_file_killpriv(fuse_req_t req, struct sfs_file *f)
-{
-	struct sfs_node *n = f->node;
-	struct stat st;
-	mode_t kill;
-
-	if (atomic_load(&n->nosec))
-		return 0;
-	if (fstat(f->fd, &st) < 0)
-		return -errno;
-	kill = sfs_killpriv_bits(req, &st);
-	if (kill && fchmod(f->fd, st.st_mode & 07777 & ~kill) < 0)
-		return -errno;
-	/* file capabilities go on any write, as in the kernel */
-	if (fremovexattr(f->fd, "security.capability") < 0 &&
-	    errno != ENODATA && errno != EOPNOTSUPP)
-		return -errno;
-	if (!(st.st_mode & ~kill & (S_ISUID | S_ISGID)))
-		atomic_store(&n->nosec, true);
-	return 0;
 }
 
 void sfs_op_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *buf,

@@ -424,6 +424,9 @@ int sfs_tmp_name(char *buf, size_t size);
 int sfs_tmp_remove(const char *name);
 int sfs_probe_rename_whiteout(int tmpfd);
 
+/* handshake.c */
+int sfs_handshake(struct fuse_session *se);
+
 /* io.c: all file data moves through here */
 int sfs_io_init(const char *engine);
 void sfs_io_shutdown(void);

@@ -342,9 +342,10 @@ static void sfs_op_init(void *userdata, struct fuse_conn_info *conn)
 	 * its page cache, so ENOSPC surfaces at fsync or close instead of at
 	 * write(2), and timestamps drift from the upper layer's.
 	 */
-	/* see sfs_file_killpriv: no GETXATTR round trip before each write */
-	if (conn->capable & FUSE_CAP_HANDLE_KILLPRIV)
-		conn->want |= FUSE_CAP_HANDLE_KILLPRIV;
+	/*
+	 * HANDLE_KILLPRIV is left out: libfuse 3.14 never passes it on, and
+	 * sfs_handshake asks for its successor, HANDLE_KILLPRIV_V2.
+	 */
 	/*
 	 * Every change comes through the mount, and the kernel drops a
 	 * directory's cached listing when it makes one there: let it list

@@ -151,6 +151,8 @@ int main(int argc, char *argv[])
 	/* After daemonizing: the completion thread must be in the daemon. */
 	if (sfs_io_init(fs.params.io) < 0)
 		goto out_unmount;
+	if (sfs_handshake(se) < 0)
+		goto out_io;
 	cfg = fuse_loop_cfg_create();
 	if (!cfg)
 		goto out_io;

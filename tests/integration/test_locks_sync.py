@@ -10,6 +10,8 @@ import textwrap
 
 import pytest
 
+from stratatest import errno_of
+
 F_OFD_GETLK, F_OFD_SETLK = 36, 37
 PY = "/usr/bin/python3"
 
@@ -213,6 +215,87 @@ def test_suid_sgid_dropped_on_write_by_other_user(union, layer, mode, gid, expec
         assert fh.read() == "content+written by other user"
     u.remount()
     assert stat.S_IMODE(os.stat(u.path("f")).st_mode) == expect
+
+
+def run_as(uid, gid, dirpath, action):
+    """Like write_as, but runs action(dir_fd) in the child instead."""
+    dfd = os.open(dirpath, os.O_RDONLY | os.O_DIRECTORY)
+    pid = os.fork()
+    if pid == 0:  # child
+        code = 0
+        try:
+            os.setgroups([])
+            os.setgid(gid)
+            os.setuid(uid)
+            action(dfd)
+        except OSError as e:
+            code = e.errno
+        except BaseException:
+            code = 255
+        os._exit(code)
+    os.close(dfd)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+def open_trunc(dfd):
+    os.close(os.open("f", os.O_WRONLY | os.O_TRUNC, dir_fd=dfd))
+
+
+def ftruncate(dfd):
+    fd = os.open("f", os.O_WRONLY, dir_fd=dfd)
+    try:
+        os.ftruncate(fd, 0)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("action", [open_trunc, ftruncate])
+def test_suid_sgid_dropped_on_truncate_by_other_user(union, action):
+    u = union.make(lowers=[{"f": ("file", "content", {"mode": 0o6777})}],
+                   allow_other=True)
+    assert run_as(65534, 65534, u.mnt, action) == 0
+    st = os.stat(u.path("f"))
+    assert (stat.S_IMODE(st.st_mode), st.st_size) == (0o777, 0), oct(st.st_mode)
+
+
+def test_suid_dropped_on_write_after_chmod_of_a_written_file(union):
+    """A file written once with nothing to drop may be written unchecked
+    until its mode changes: a chmod u+s must bring the check back."""
+    u = union.make(lowers=[{"f": ("file", "content", {"mode": 0o777})}],
+                   allow_other=True)
+    assert write_as(65534, 65534, u.mnt, "f") == 0
+    with open(u.path("f"), "a") as fh:
+        fh.write("root")
+    os.chmod(u.path("f"), 0o4777)
+    assert write_as(65534, 65534, u.mnt, "f") == 0
+    assert stat.S_IMODE(os.stat(u.path("f")).st_mode) == 0o777
+
+
+CAP = struct.pack("<IIIII", 0x02000001, 1 << 13, 0, 0, 0)  # v2, effective, CAP_NET_RAW
+
+
+@pytest.mark.parametrize("writer", ["root", "other", "truncate", "open-trunc"])
+def test_capability_dropped_on_every_write_that_follows_a_setcap(union, writer):
+    """Each setcap on a file already written must be undone by the next
+    write or truncate, by root too, as on the kernel's own filesystems."""
+    u = union.make(lowers=[{"f": ("file", "content", {"mode": 0o777})}],
+                   allow_other=True)
+    for _ in range(2):
+        os.setxattr(u.path("f"), "security.capability", CAP)
+        assert os.getxattr(u.path("f"), "security.capability") == CAP
+        if writer == "root":
+            with open(u.path("f"), "a") as fh:
+                fh.write("root")
+        elif writer == "truncate":
+            os.truncate(u.path("f"), 3)
+        elif writer == "open-trunc":
+            os.close(os.open(u.path("f"), os.O_WRONLY | os.O_TRUNC))
+        else:
+            assert write_as(65534, 65534, u.mnt, "f") == 0
+        assert errno_of(os.getxattr, u.path("f"), "security.capability") == \
+            errno.ENODATA
+    u.remount()
+    assert errno_of(os.getxattr, u.path("f"), "security.capability") == errno.ENODATA
 
 
 def test_suid_kept_when_root_writes(union):

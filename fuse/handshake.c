@@ -1,0 +1,169 @@
+/*
+ * handshake.c: the FUSE INIT exchange, with the one flag libfuse 3.14
+ * cannot negotiate added to its reply.
+ *
+ * libfuse 3.14 builds the INIT reply from the capabilities it knows,
+ * and it does not know FUSE_HANDLE_KILLPRIV_V2 (3.16 does). Without it
+ * the kernel checks for privileges to drop itself: a GETXATTR of
+ * security.capability before every write(2), which halves the rate of
+ * small writes, and a GETATTR before every chown. With it the kernel
+ * marks the superblock SB_NOSEC, so a file found free of privileges
+ * once is written with no check at all, and it leaves the dropping to
+ * us: sfs_file_killpriv on write, sfs_op_setattr on truncate, the
+ * upper layer's own chown on chown.
+ *
+ * The INIT request is the first the kernel sends, before any worker
+ * runs, so this thread answers it alone: libfuse writes its reply into
+ * a pipe standing in for /dev/fuse, and we pass it on with the flag
+ * added when the kernel offered it.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/fuse.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "stratafs.h"
+
+/* What we ask for beyond libfuse: see the top of the file. */
+#define SFS_HANDSHAKE_FLAGS FUSE_HANDLE_KILLPRIV_V2
+
+/* A reply is a header and fuse_init_out: room for both and more. */
+#define SFS_HANDSHAKE_REPLY 4096
+
+/*
+ * Fills *buf with the next request: 1, or 0 when the session ends first
+ * (a signal, or an unmount before the answer), or a negative errno.
+ */
+static int sfs_handshake_receive(struct fuse_session *se,
+				 struct fuse_buf *buf)
+{
+	int ret;
+
+	do {
+		ret = fuse_session_receive_buf(se, buf);
+	} while (ret == -EINTR && !fuse_session_exited(se));
+	if (ret > 0)
+		return 1;
+	if (ret == 0 || ret == -ENODEV || ret == -EINTR) {
+		/* the loop then returns at once, as it would have */
+		fuse_session_exit(se);
+		return 0;
+	}
+	return ret;
+}
+
+/* The flags the kernel offers in INIT, or 0 if buf is some other request. */
+static uint32_t sfs_handshake_offered(const struct fuse_buf *buf)
+{
+	const struct fuse_in_header *in = buf->mem;
+	const struct fuse_init_in *init = (const void *)(in + 1);
+
+	/* every kernel with FUSE_HANDLE_KILLPRIV_V2 sends flags */
+	if (buf->size < sizeof(*in) + offsetof(struct fuse_init_in, flags) +
+				sizeof(init->flags) ||
+	    in->opcode != FUSE_INIT)
+		return 0;
+	return init->flags;
+}
+
+/*
+ * Lets libfuse process buf with its replies going into a pipe; the
+ * reply is left in *reply, *len bytes.
+ */
+static int sfs_handshake_capture(struct fuse_session *se,
+				 const struct fuse_buf *buf, char *reply,
+				 ssize_t *len)
+{
+	int fd = fuse_session_fd(se);
+	int pipefd[2], saved;
+	int ret = 0;
+
+	saved = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+	if (saved < 0)
+		return -errno;
+	if (pipe2(pipefd, O_CLOEXEC) < 0) {
+		ret = -errno;
+		goto out_saved;
+	}
+	if (dup3(pipefd[1], fd, O_CLOEXEC) < 0) {
+		ret = -errno;
+		goto out_pipe;
+	}
+	fuse_session_process_buf(se, buf);
+	/* /dev/fuse goes back whatever happened */
+	if (dup3(saved, fd, O_CLOEXEC) < 0) {
+		ret = -errno;
+		goto out_pipe;
+	}
+	/* all write ends closed: an empty pipe reads as 0, never blocks */
+	close(pipefd[1]);
+	pipefd[1] = -1;
+	*len = read(pipefd[0], reply, SFS_HANDSHAKE_REPLY);
+	if (*len < 0)
+		ret = -errno;
+out_pipe:
+	close(pipefd[0]);
+	if (pipefd[1] >= 0)
+		close(pipefd[1]);
+out_saved:
+	close(saved);
+	return ret;
+}
+
+int sfs_handshake(struct fuse_session *se)
+{
+	struct fuse_buf buf = { .mem = NULL };
+	char *reply = NULL;
+	struct fuse_out_header *out;
+	struct fuse_init_out *init;
+	uint32_t offered, added = 0;
+	ssize_t len = 0, done;
+	int ret;
+
+	ret = sfs_handshake_receive(se, &buf);
+	if (ret <= 0)
+		goto out;
+	offered = sfs_handshake_offered(&buf);
+	if (!(offered & SFS_HANDSHAKE_FLAGS)) {
+		/* nothing to add: libfuse answers as it always does */
+		fuse_session_process_buf(se, &buf);
+		ret = 0;
+		goto out;
+	}
+	reply = malloc(SFS_HANDSHAKE_REPLY);
+	if (!reply) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	ret = sfs_handshake_capture(se, &buf, reply, &len);
+	if (ret < 0)
+		goto out;
+	out = (struct fuse_out_header *)reply;
+	init = (struct fuse_init_out *)(out + 1);
+	/* an error reply (a protocol libfuse refused) goes on untouched */
+	if ((size_t)len >= sizeof(*out) + offsetof(struct fuse_init_out, flags) +
+				  sizeof(init->flags) &&
+	    out->error == 0) {
+		added = offered & SFS_HANDSHAKE_FLAGS;
+		init->flags |= added;
+	}
+	done = write(fuse_session_fd(se), reply, len);
+	if (done != len) {
+		/* the device takes a reply whole or not at all */
+		ret = done < 0 ? -errno : -EIO;
+		goto out;
+	}
+	if (added & FUSE_HANDLE_KILLPRIV_V2)
+		strata_debug("INIT: asked for HANDLE_KILLPRIV_V2 as well");
+	ret = 0;
+out:
+	if (ret < 0)
+		strata_err("FUSE INIT: %s", strerror(-ret));
+	free(reply);
+	free(buf.mem);
+	return ret;
+}
