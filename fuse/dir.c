@@ -214,10 +214,8 @@ void sfs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name,
 		ret = sfs_file_open(n, fi->flags & ~O_TRUNC, &f);
 	if (ret < 0)
 		goto out_err;
-	fi->fh = (uintptr_t)f;
-	sfs_file_set_cache(fi);
 	sfs_node_lookup_inc(n);
-	if (fuse_reply_create(req, &e, fi) != 0) {
+	if (sfs_file_reply(req, f, fi, &e) != 0) {
 		sfs_file_close(f);
 		sfs_node_lookup_dec(n);
 	}

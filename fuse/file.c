@@ -58,6 +58,7 @@ int sfs_file_open(struct sfs_node *n, int flags, struct sfs_file **out)
 
 void sfs_file_close(struct sfs_file *f)
 {
+	sfs_pass_release(f);
 	sfs_handle_del(&f->link);
 	close(f->fd);
 	if (f->oldfd >= 0)
@@ -66,17 +67,6 @@ void sfs_file_close(struct sfs_file *f)
 	sfs_node_unref(f->node);
 	pthread_mutex_destroy(&f->lock);
 	free(f);
-}
-
-/*
- * The page cache stays valid across opens: every change reaches the
- * layers through this mount, so the kernel already knows of it.
- */
-void sfs_file_set_cache(struct fuse_file_info *fi)
-{
-	fi->keep_cache = 1;
-	/* FLUSH does nothing here: spare the round trip on every close */
-	fi->noflush = 1;
 }
 
 static bool sfs_req_in_group(fuse_req_t req, gid_t gid)
@@ -139,6 +129,25 @@ static int sfs_file_killpriv(fuse_req_t req, struct sfs_file *f)
 	return 0;
 }
 
+/*
+ * Replies to an OPEN (e NULL) or a CREATE with the handle f. The page
+ * cache stays valid across opens: every change reaches the layers
+ * through this mount, so the kernel already knows of it.
+ */
+int sfs_file_reply(fuse_req_t req, struct sfs_file *f,
+		   struct fuse_file_info *fi, const struct fuse_entry_param *e)
+{
+	int backing = sfs_pass_open(f);
+
+	fi->fh = (uintptr_t)f;
+	if (backing)
+		return sfs_pass_reply(req, e, fi->fh, backing);
+	fi->keep_cache = sfs_pass_keep_cache(f->node);
+	/* FLUSH does nothing here: spare the round trip on every close */
+	fi->noflush = 1;
+	return e ? fuse_reply_create(req, e, fi) : fuse_reply_open(req, fi);
+}
+
 void sfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
 	struct sfs_file *f;
@@ -163,9 +172,7 @@ void sfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 			return;
 		}
 	}
-	fi->fh = (uintptr_t)f;
-	sfs_file_set_cache(fi);
-	if (fuse_reply_open(req, fi) != 0)
+	if (sfs_file_reply(req, f, fi, NULL) != 0)
 		sfs_file_close(f);
 }
 

@@ -1,5 +1,5 @@
 /*
- * handshake.c: the FUSE INIT exchange, with the one flag libfuse 3.14
+ * handshake.c: the FUSE INIT exchange, with the flags libfuse 3.14
  * cannot negotiate added to its reply.
  *
  * libfuse 3.14 builds the INIT reply from the capabilities it knows,
@@ -11,6 +11,9 @@
  * once is written with no check at all, and it leaves the dropping to
  * us: sfs_file_killpriv on write, sfs_op_setattr on truncate, the
  * upper layer's own chown on chown.
+ *
+ * "-o passthrough" adds FUSE_PASSTHROUGH (see passthrough.c), which
+ * libfuse 3.14 does not know either.
  *
  * The INIT request is the first the kernel sends, before any worker
  * runs, so this thread answers it alone: libfuse writes its reply into
@@ -28,8 +31,12 @@
 
 #include "stratafs.h"
 
-/* What we ask for beyond libfuse: see the top of the file. */
-#define SFS_HANDSHAKE_FLAGS FUSE_HANDLE_KILLPRIV_V2
+/*
+ * Protocol 7.40 (Linux 6.9), newer than bookworm's linux-libc-dev: bit 37
+ * of the flags, and the field after flags2 (an unused one in 7.38).
+ */
+#define SFS_FUSE_PASSTHROUGH (1ULL << 37)
+#define sfs_max_stack_depth unused[0]
 
 /* A reply is a header and fuse_init_out: room for both and more. */
 #define SFS_HANDSHAKE_REPLY 4096
@@ -57,17 +64,66 @@ static int sfs_handshake_receive(struct fuse_session *se,
 }
 
 /* The flags the kernel offers in INIT, or 0 if buf is some other request. */
-static uint32_t sfs_handshake_offered(const struct fuse_buf *buf)
+static uint64_t sfs_handshake_offered(const struct fuse_buf *buf)
 {
 	const struct fuse_in_header *in = buf->mem;
 	const struct fuse_init_in *init = (const void *)(in + 1);
+	uint64_t flags;
 
 	/* every kernel with FUSE_HANDLE_KILLPRIV_V2 sends flags */
 	if (buf->size < sizeof(*in) + offsetof(struct fuse_init_in, flags) +
 				sizeof(init->flags) ||
 	    in->opcode != FUSE_INIT)
 		return 0;
-	return init->flags;
+	flags = init->flags;
+	if ((flags & FUSE_INIT_EXT) &&
+	    buf->size >= sizeof(*in) + offsetof(struct fuse_init_in, flags2) +
+				 sizeof(init->flags2))
+		flags |= (uint64_t)init->flags2 << 32;
+	return flags;
+}
+
+/* What to add to libfuse's reply: see the top of the file. */
+static uint64_t sfs_handshake_wanted(uint64_t offered)
+{
+	uint64_t want = FUSE_HANDLE_KILLPRIV_V2;
+
+	if (sfs->params.passthrough) {
+		if (offered & SFS_FUSE_PASSTHROUGH)
+			want |= SFS_FUSE_PASSTHROUGH;
+		else
+			strata_warn("passthrough: this kernel does not offer it "
+				    "(Linux 6.9 and later, built with "
+				    "CONFIG_FUSE_PASSTHROUGH): file data goes "
+				    "through the daemon");
+	}
+	return want & offered;
+}
+
+/* Adds flags to a successful reply of len bytes; what it added. */
+static uint64_t sfs_handshake_patch(char *reply, ssize_t len, uint64_t flags)
+{
+	struct fuse_out_header *out = (struct fuse_out_header *)reply;
+	struct fuse_init_out *init = (struct fuse_init_out *)(out + 1);
+
+	/* an error reply (a protocol libfuse refused) goes on untouched */
+	if ((size_t)len < sizeof(*out) + offsetof(struct fuse_init_out, unused) +
+				  sizeof(init->unused[0]) ||
+	    out->error != 0)
+		return 0;
+	init->flags |= (uint32_t)flags;
+	if (flags >> 32) {
+		init->flags |= FUSE_INIT_EXT;
+		init->flags2 |= (uint32_t)(flags >> 32);
+	}
+	/*
+	 * The upper and lower layers' filesystems may not be stacked
+	 * themselves (the kernel refuses such backing files): that leaves
+	 * room for one overlayfs on top of this mount.
+	 */
+	if (flags & SFS_FUSE_PASSTHROUGH)
+		init->sfs_max_stack_depth = 1;
+	return flags;
 }
 
 /*
@@ -118,17 +174,15 @@ int sfs_handshake(struct fuse_session *se)
 {
 	struct fuse_buf buf = { .mem = NULL };
 	char *reply = NULL;
-	struct fuse_out_header *out;
-	struct fuse_init_out *init;
-	uint32_t offered, added = 0;
+	uint64_t want, added;
 	ssize_t len = 0, done;
 	int ret;
 
 	ret = sfs_handshake_receive(se, &buf);
 	if (ret <= 0)
 		goto out;
-	offered = sfs_handshake_offered(&buf);
-	if (!(offered & SFS_HANDSHAKE_FLAGS)) {
+	want = sfs_handshake_wanted(sfs_handshake_offered(&buf));
+	if (!want) {
 		/* nothing to add: libfuse answers as it always does */
 		fuse_session_process_buf(se, &buf);
 		ret = 0;
@@ -142,15 +196,7 @@ int sfs_handshake(struct fuse_session *se)
 	ret = sfs_handshake_capture(se, &buf, reply, &len);
 	if (ret < 0)
 		goto out;
-	out = (struct fuse_out_header *)reply;
-	init = (struct fuse_init_out *)(out + 1);
-	/* an error reply (a protocol libfuse refused) goes on untouched */
-	if ((size_t)len >= sizeof(*out) + offsetof(struct fuse_init_out, flags) +
-				  sizeof(init->flags) &&
-	    out->error == 0) {
-		added = offered & SFS_HANDSHAKE_FLAGS;
-		init->flags |= added;
-	}
+	added = sfs_handshake_patch(reply, len, want);
 	done = write(fuse_session_fd(se), reply, len);
 	if (done != len) {
 		/* the device takes a reply whole or not at all */
@@ -159,6 +205,11 @@ int sfs_handshake(struct fuse_session *se)
 	}
 	if (added & FUSE_HANDLE_KILLPRIV_V2)
 		strata_debug("INIT: asked for HANDLE_KILLPRIV_V2 as well");
+	if (added & SFS_FUSE_PASSTHROUGH) {
+		atomic_store(&sfs->passthrough, true);
+		strata_info("passthrough: the kernel reads and writes upper "
+			    "files itself");
+	}
 	ret = 0;
 out:
 	if (ret < 0)

@@ -32,6 +32,7 @@ static const struct fuse_opt sfs_opt_spec[] = {
 	FUSE_OPT_KEY("timeout=", KEY_STRING),
 	FUSE_OPT_KEY("statsfile=", KEY_STRING),
 	SFS_OPT("userxattr", userxattr),
+	SFS_OPT("passthrough", passthrough),
 	FUSE_OPT_KEY("-h", KEY_HELP),
 	FUSE_OPT_KEY("--help", KEY_HELP),
 	FUSE_OPT_KEY("-V", KEY_VERSION),
@@ -294,6 +295,9 @@ void sfs_usage(const char *prog)
 	       "    -o timeout=SECONDS  how long the kernel may cache names and\n"
 	       "                        attributes (default 86400: nothing changes\n"
 	       "                        the layers behind the daemon; 0 if something does)\n"
+	       "    -o passthrough      the kernel reads and writes upper files\n"
+	       "                        itself (Linux 6.9+, CAP_SYS_ADMIN): see\n"
+	       "                        docs/fuse-settings.md for what it changes\n"
 	       "    -o statsfile=FILE   export operation and byte counters in FILE\n"
 	       "                        (a small binary file the CSI plugin reads)\n"
 	       "    -o allow_other      let other users into the mount\n"

@@ -47,6 +47,7 @@ struct sfs_params {
 	char *statsfile;	/* where counters are exported, or NULL */
 	/* ints, not bools: fuse_opt stores flag options as int */
 	int userxattr;
+	int passthrough;	/* asked for; sfs_fs.passthrough: in effect */
 	int foreground;
 	int debug;
 	int show_help;
@@ -138,7 +139,10 @@ struct sfs_node {
 	bool has_origin;	/* upper copy records the lower's inode number */
 	bool indexed;		/* upper data lives in the hardlink index */
 	bool unlinked;		/* no name left in the view */
+	bool pass_used;		/* passthrough since the last cached open */
 	uint8_t nlower;
+	int32_t backing;	/* passthrough backing id while npass */
+	uint32_t npass;		/* open passthrough handles */
 	struct sfs_entry up;	/* the upper entry, once has_upper */
 	struct sfs_entry lower[];	/* nlower entries */
 };
@@ -193,6 +197,7 @@ struct sfs_fs {
 	enum sfs_dir_cache dir_cache;	/* how the kernel caches listings */
 	atomic_long listed;	/* entries in listings kept on nodes */
 	struct fuse_session *se;
+	atomic_bool passthrough;	/* negotiated, and not refused since */
 };
 
 /* An open file. */
@@ -202,6 +207,7 @@ struct sfs_file {
 	_Atomic int fd;
 	int oldfd;		/* the lower fd a copy-up replaced, or -1 */
 	atomic_bool upper;	/* fd is on the upper copy */
+	bool passthrough;	/* the kernel does its I/O (passthrough.c) */
 	int flags;
 	struct sfs_node *node;	/* referenced */
 };
@@ -374,7 +380,8 @@ void sfs_op_copy_file_range(fuse_req_t req, fuse_ino_t ino_in, off_t off_in,
 int sfs_file_open(struct sfs_node *n, int flags, struct sfs_file **out);
 void sfs_file_close(struct sfs_file *f);
 mode_t sfs_killpriv_bits(fuse_req_t req, const struct stat *st);
-void sfs_file_set_cache(struct fuse_file_info *fi);
+int sfs_file_reply(fuse_req_t req, struct sfs_file *f,
+		   struct fuse_file_info *fi, const struct fuse_entry_param *e);
 
 /* xattr.c */
 struct sfs_xpath {
@@ -423,6 +430,13 @@ int sfs_whiteout_replace(int dirfd, const char *name);
 int sfs_tmp_name(char *buf, size_t size);
 int sfs_tmp_remove(const char *name);
 int sfs_probe_rename_whiteout(int tmpfd);
+
+/* passthrough.c */
+int sfs_pass_open(struct sfs_file *f);
+void sfs_pass_release(struct sfs_file *f);
+bool sfs_pass_keep_cache(struct sfs_node *n);
+int sfs_pass_reply(fuse_req_t req, const struct fuse_entry_param *e,
+		   uint64_t fh, int backing);
 
 /* handshake.c */
 int sfs_handshake(struct fuse_session *se);

@@ -113,6 +113,9 @@ run_integration integration "$top/build/stratafs"
 # The data paths again under the other I/O engine (the default is uring).
 STRATAFS_OPTS=io=sync run_integration integration-sync "$top/build/stratafs" \
 	-m stratafs -k "not valgrind and not memory"
+# And with the kernel doing upper files' I/O itself (-o passthrough).
+STRATAFS_OPTS=passthrough run_integration integration-passthrough \
+	"$top/build/stratafs" -m stratafs -k "not valgrind and not memory"
 run_csi csi "$top/build"
 run_packaging "$top/build"
 

@@ -171,6 +171,7 @@ out_signals:
 	fuse_remove_signal_handlers(se);
 out_session:
 	fuse_session_destroy(se);
+	fs.se = NULL;
 out_fs:
 	sfs_stats_close();
 	sfs_teardown(&fs);

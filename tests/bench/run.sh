@@ -586,6 +586,12 @@ if "$STRATAFS" --help 2>&1 | grep -q 'io='; then
 	TARGETS+=(stratafs-uring stratafs-sync)
 	OPTS[stratafs-uring]=",io=uring"
 	OPTS[stratafs-sync]=",io=sync"
+	# and the kernel doing upper files' I/O itself, where it offers to
+	if "$STRATAFS" --help 2>&1 | grep -q 'passthrough'; then
+		IO_NOTE="$IO_NOTE; -o passthrough is a third target"
+		TARGETS+=(stratafs-passthrough)
+		OPTS[stratafs-passthrough]=",passthrough"
+	fi
 else
 	IO_NOTE="stratafs has no -o io= option (yet): one stratafs target, default engine"
 	TARGETS+=(stratafs)

@@ -341,7 +341,7 @@ def chart(out, metrics, targets, med, quick, meta):
         title += " — QUICK MODE, not for comparison"
     colors = {"native": "#999999", "fuse-overlayfs": "#e69f00",
               "stratafs": "#0072b2", "stratafs-uring": "#0072b2",
-              "stratafs-sync": "#56b4e9"}
+              "stratafs-sync": "#56b4e9", "stratafs-passthrough": "#009e73"}
     # Bars start at 1 (the kernel) and go up when faster, down when
     # slower: boxxyerror with explicit x and y extents, since gnuplot's
     # histogram style always starts bars at the bottom of the axis.

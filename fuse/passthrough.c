@@ -1,0 +1,203 @@
+/*
+ * passthrough.c: "-o passthrough", file data that never reaches the
+ * daemon.
+ *
+ * When an OPEN or CREATE reply carries FOPEN_PASSTHROUGH and the id of a
+ * backing file (registered with FUSE_DEV_IOC_BACKING_OPEN), the kernel
+ * reads, writes and maps that file itself (Linux 6.9 and later, built
+ * with CONFIG_FUSE_PASSTHROUGH; registering needs CAP_SYS_ADMIN): no
+ * round trip per read or write, and the page cache is the backing
+ * file's. libfuse 3.14 knows nothing of it, so handshake.c negotiates it
+ * and the replies are built here.
+ *
+ * Only files already in the upper layer go through, and only ones with
+ * no setuid, setgid or capability to drop: the kernel writes a backing
+ * file with the daemon's credentials, and leaves dropping privileges to
+ * the daemon (HANDLE_KILLPRIV_V2), which never sees those writes. Lower
+ * files stay with the daemon so that a read-only handle follows a later
+ * copy-up (a backing file is fixed for the life of the handle).
+ *
+ * The kernel fails (EIO) an open that disagrees with the inode's other
+ * open files: all passthrough with the same backing id, or none. So a
+ * node's first handle decides for every handle opened while it is open,
+ * and the backing id lives as long as the node has passthrough handles.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <linux/fuse.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/uio.h>
+#include <sys/xattr.h>
+
+#include "stratafs.h"
+
+/*
+ * The parts of the kernel's FUSE ABI (protocol 7.40) that bookworm's
+ * linux-libc-dev (6.1) does not have yet.
+ */
+#define SFS_FOPEN_PASSTHROUGH (1u << 7)
+struct sfs_backing_map {
+	int32_t fd;
+	uint32_t flags;
+	uint64_t padding;
+};
+#define SFS_IOC_BACKING_OPEN _IOW(FUSE_DEV_IOC_MAGIC, 1, struct sfs_backing_map)
+#define SFS_IOC_BACKING_CLOSE _IOW(FUSE_DEV_IOC_MAGIC, 2, uint32_t)
+/* fuse_open_out, whose padding became backing_id */
+struct sfs_open_out {
+	uint64_t fh;
+	uint32_t open_flags;
+	int32_t backing_id;
+};
+
+/* Whether writes through f could have a privilege to drop. */
+static bool sfs_pass_privileged(struct sfs_file *f)
+{
+	struct stat st;
+
+	if (atomic_load(&f->node->nosec))
+		return false;
+	if (fstat(f->fd, &st) < 0 || (st.st_mode & (S_ISUID | S_ISGID)))
+		return true;
+	if (fgetxattr(f->fd, "security.capability", NULL, 0) >= 0)
+		return true;
+	return errno != ENODATA && errno != EOPNOTSUPP;
+}
+
+/* A backing id for fd, or 0 when the kernel refuses it. */
+static int sfs_pass_register(int fd)
+{
+	struct sfs_backing_map map = { .fd = fd };
+	int id = ioctl(fuse_session_fd(sfs->se), SFS_IOC_BACKING_OPEN, &map);
+
+	if (id > 0)
+		return id;
+	if (errno == EPERM && atomic_exchange(&sfs->passthrough, false))
+		strata_warn("passthrough needs CAP_SYS_ADMIN: file data goes "
+			    "through the daemon");
+	else
+		strata_debug("passthrough refused (%s): through the daemon",
+			     strerror(errno));
+	return 0;
+}
+
+int sfs_pass_open(struct sfs_file *f)
+{
+	struct sfs_node *n = f->node;
+	int id = 0;
+
+	if (!atomic_load(&sfs->passthrough) || !S_ISREG(n->type) ||
+	    !atomic_load(&f->upper))
+		return 0;
+	sfs_lock(&n->lock);
+	if (n->npass == 0) {
+		/* another handle is open without: this one must be too */
+		if (atomic_load(&n->nopen) > 1 || sfs_pass_privileged(f))
+			goto out;
+		n->backing = sfs_pass_register(f->fd);
+		if (!n->backing)
+			goto out;
+		n->pass_used = true;
+	}
+	n->npass++;
+	f->passthrough = true;
+	id = n->backing;
+out:
+	sfs_unlock(&n->lock);
+	return id;
+}
+
+void sfs_pass_release(struct sfs_file *f)
+{
+	struct sfs_node *n = f->node;
+	uint32_t id;
+
+	if (!f->passthrough)
+		return;
+	sfs_lock(&n->lock);
+	if (--n->npass == 0) {
+		id = n->backing;
+		n->backing = 0;
+		/* after the session, the ids went with the connection */
+		if (sfs->se)
+			ioctl(fuse_session_fd(sfs->se), SFS_IOC_BACKING_CLOSE,
+			      &id);
+	}
+	sfs_unlock(&n->lock);
+}
+
+bool sfs_pass_keep_cache(struct sfs_node *n)
+{
+	bool keep;
+
+	if (!sfs->params.passthrough)
+		return true;
+	/*
+	 * Passthrough writes bypass the page cache of the FUSE inode: pages
+	 * it kept from before are stale, and the next ordinary open drops
+	 * them.
+	 */
+	sfs_lock(&n->lock);
+	keep = !n->pass_used;
+	n->pass_used = false;
+	sfs_unlock(&n->lock);
+	return keep;
+}
+
+/* libfuse's timeouts, split as the protocol wants them */
+static void sfs_pass_timeout(double t, uint64_t *sec, uint32_t *nsec)
+{
+	*sec = (uint64_t)t;
+	*nsec = (uint32_t)((t - (double)*sec) * 1e9);
+}
+
+static void sfs_pass_fill_entry(struct fuse_entry_out *o,
+				const struct fuse_entry_param *e)
+{
+	const struct stat *st = &e->attr;
+
+	memset(o, 0, sizeof(*o));
+	o->nodeid = e->ino;
+	o->generation = e->generation;
+	sfs_pass_timeout(e->entry_timeout, &o->entry_valid,
+			 &o->entry_valid_nsec);
+	sfs_pass_timeout(e->attr_timeout, &o->attr_valid, &o->attr_valid_nsec);
+	o->attr.ino = st->st_ino;
+	o->attr.mode = st->st_mode;
+	o->attr.nlink = st->st_nlink;
+	o->attr.uid = st->st_uid;
+	o->attr.gid = st->st_gid;
+	o->attr.rdev = st->st_rdev;
+	o->attr.size = st->st_size;
+	o->attr.blksize = st->st_blksize;
+	o->attr.blocks = st->st_blocks;
+	o->attr.atime = st->st_atim.tv_sec;
+	o->attr.atimensec = st->st_atim.tv_nsec;
+	o->attr.mtime = st->st_mtim.tv_sec;
+	o->attr.mtimensec = st->st_mtim.tv_nsec;
+	o->attr.ctime = st->st_ctim.tv_sec;
+	o->attr.ctimensec = st->st_ctim.tv_nsec;
+}
+
+int sfs_pass_reply(fuse_req_t req, const struct fuse_entry_param *e,
+		   uint64_t fh, int backing)
+{
+	struct fuse_entry_out entry;
+	/* FLUSH does nothing here, as for every open (sfs_file_set_cache) */
+	struct sfs_open_out open = {
+		.fh = fh,
+		.open_flags = SFS_FOPEN_PASSTHROUGH | FOPEN_NOFLUSH,
+		.backing_id = backing,
+	};
+	struct iovec iov[2];
+	int n = 0;
+
+	if (e) {
+		sfs_pass_fill_entry(&entry, e);
+		iov[n++] = (struct iovec){ &entry, sizeof(entry) };
+	}
+	iov[n++] = (struct iovec){ &open, sizeof(open) };
+	return fuse_reply_iov(req, iov, n);
+}
