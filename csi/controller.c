@@ -149,12 +149,16 @@ static int csi_params_check(struct csi_plugin *p, struct csi_volume *v,
 		const char *k = req->parameters[i]->key;
 
 		/* the external-provisioner's own metadata, never ours */
-		if (strcmp(k, "layers") &&
+		if (strcmp(k, "layers") && strcmp(k, "passthrough") &&
 		    strncmp(k, CSI_K8S_PREFIX, strlen(CSI_K8S_PREFIX))) {
-			snprintf(why, size, "unknown parameter '%.64s' (Strata takes: layers)", k);
+			snprintf(why, size, "unknown parameter '%.64s' (Strata takes: layers, passthrough)", k);
 			return -EINVAL;
 		}
 	}
+	ret = csi_passthrough_check(v, CSI_MAP_GET(req, parameters, "passthrough"),
+				    why, size);
+	if (ret)
+		return ret;
 	ret = csi_layers_check(p, v, layers ? layers : "", why, size);
 	if (ret)
 		return ret;
@@ -179,7 +183,8 @@ static int64_t csi_store_free(struct csi_plugin *p)
 static bool csi_same_volume(const struct csi_volume *a,
 			    const struct csi_volume *b)
 {
-	if (a->capacity != b->capacity || a->nlayers != b->nlayers)
+	if (a->capacity != b->capacity || a->nlayers != b->nlayers ||
+	    a->passthrough != b->passthrough)
 		return false;
 	for (int i = 0; i < a->nlayers; i++)
 		if (strcmp(a->layers[i], b->layers[i]))
@@ -251,7 +256,7 @@ static void csi_create_volume(struct csi_plugin *p, const ProtobufCMessage *msg,
 		csi_reply_volume(r, have.id);
 		if (!csi_same_volume(&want, &have)) {
 			csi_reply_set(r, GRPC_STATUS_ALREADY_EXISTS,
-				      "volume '%.128s' exists as %s with other layers or capacity",
+				      "volume '%.128s' exists as %s with other layers, capacity or passthrough",
 				      req->name, have.id);
 			goto out_unlock;
 		}

@@ -119,6 +119,7 @@ struct csi_volume {
 	char **layers;
 	char *created;		/* RFC 3339 */
 	bool ephemeral;		/* an inline volume: name is kubelet's id */
+	bool passthrough;	/* stratafs -o passthrough */
 	json_object *parameters; /* the CreateVolume parameters as given */
 };
 
@@ -216,6 +217,8 @@ int csi_mount_flags(const Csi__V1__VolumeCapability *cap, unsigned long *flags,
 		    char **canon, char *why, size_t size);
 unsigned long csi_flags_from_canon(const char *canon);
 int csi_path_check(const char *path, char *why, size_t size);
+int csi_passthrough_check(struct csi_volume *v, const char *value, char *why,
+			  size_t size);
 int csi_wire_strings_check(const ProtobufCMessageDescriptor *d,
 			   const uint8_t *data, size_t len, int depth);
 

@@ -142,8 +142,9 @@ static int csi_daemon_opts(struct csi_plugin *p, const struct csi_volume *v,
 	if (!v->nlayers)
 		len += snprintf(o + len, cap - len, "%s/empty", s->root);
 	snprintf(o + len, cap - len,
-		 ",upperdir=%s/volumes/%s/upper,workdir=%s/volumes/%s/work,allow_other,statsfile=%s/node/%s.stats",
-		 s->root, v->id, s->root, v->id, s->root, v->id);
+		 ",upperdir=%s/volumes/%s/upper,workdir=%s/volumes/%s/work,allow_other,statsfile=%s/node/%s.stats%s",
+		 s->root, v->id, s->root, v->id, s->root, v->id,
+		 v->passthrough ? ",passthrough" : "");
 	*opts = o;
 	return 0;
 }

@@ -384,10 +384,10 @@ static int csi_ephemeral_volume(struct csi_plugin *p, struct csi_reply *r,
 	for (size_t i = 0; i < req->n_volume_context; i++) {
 		const char *k = req->volume_context[i]->key;
 
-		if (strcmp(k, "layers") &&
+		if (strcmp(k, "layers") && strcmp(k, "passthrough") &&
 		    strncmp(k, CSI_K8S_CONTEXT, strlen(CSI_K8S_CONTEXT))) {
 			csi_reply_set(r, GRPC_STATUS_INVALID_ARGUMENT,
-				      "unknown volume attribute '%.64s' (Strata takes: layers)", k);
+				      "unknown volume attribute '%.64s' (Strata takes: layers, passthrough)", k);
 			return -EINVAL;
 		}
 	}
@@ -396,7 +396,10 @@ static int csi_ephemeral_volume(struct csi_plugin *p, struct csi_reply *r,
 	if (ret != -ENOENT)
 		goto out;
 	memset(v, 0, sizeof(*v));
-	ret = csi_layers_check(p, v, layers ? layers : "", why, sizeof(why));
+	ret = csi_passthrough_check(v, CSI_MAP_GET(req, volume_context, "passthrough"),
+				    why, sizeof(why));
+	if (!ret)
+		ret = csi_layers_check(p, v, layers ? layers : "", why, sizeof(why));
 	if (ret == -EINVAL) {
 		csi_reply_set(r, GRPC_STATUS_INVALID_ARGUMENT, "%s", why);
 		goto out_unlock;

@@ -195,6 +195,7 @@ static int csi_volume_parse(json_object *o, struct csi_volume *v)
 	v->created = strdup(created ? created : "");
 	v->capacity = csi_json_int(o, "capacity_bytes");
 	v->ephemeral = csi_json_int(o, "ephemeral") != 0;
+	v->passthrough = csi_json_int(o, "passthrough") != 0;
 	v->nlayers = json_object_array_length(layers);
 	v->layers = calloc(v->nlayers + 1, sizeof(char *));
 	if (!v->name || !v->created || !v->layers)
@@ -336,6 +337,8 @@ static json_object *csi_volume_json(const struct csi_volume *v)
 			       json_object_new_int64(v->capacity));
 	if (v->ephemeral)
 		json_object_object_add(o, "ephemeral", json_object_new_int(1));
+	if (v->passthrough)
+		json_object_object_add(o, "passthrough", json_object_new_int(1));
 	for (int i = 0; layers && i < v->nlayers; i++)
 		json_object_array_add(layers, json_object_new_string(v->layers[i]));
 	json_object_object_add(o, "layers", layers);

@@ -275,6 +275,26 @@ int csi_path_check(const char *path, char *why, size_t size)
 	return 0;
 }
 
+/*
+ * The "passthrough" parameter (StorageClass) or attribute (inline
+ * volume): "true" or "false", absent meaning false.
+ */
+int csi_passthrough_check(struct csi_volume *v, const char *value, char *why,
+			  size_t size)
+{
+	if (!value || !strcmp(value, "false")) {
+		v->passthrough = false;
+		return 0;
+	}
+	if (!strcmp(value, "true")) {
+		v->passthrough = true;
+		return 0;
+	}
+	snprintf(why, size, "passthrough: '%.32s' is neither true nor false",
+		 value);
+	return -EINVAL;
+}
+
 static int csi_varint(const uint8_t **p, const uint8_t *end, uint64_t *v)
 {
 	*v = 0;

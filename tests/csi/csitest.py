@@ -280,6 +280,13 @@ def proc_state(pid):
     return rest[0], int(rest[1])
 
 
+def daemon_options(pid):
+    """The -o list a stratafs daemon was started with, as a list."""
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        argv = f.read().decode().split("\0")
+    return argv[argv.index("-o") + 1].split(",")
+
+
 def pid_alive(pid):
     st = proc_state(pid)
     return st is not None and st[0] not in ("Z", "X")

@@ -271,6 +271,25 @@ def test_create_same_name_other_capacity_already_exists(csi, strata):
     assert len(volume_dirs(strata)) == 1
 
 
+def test_create_same_name_other_passthrough_already_exists(csi, strata):
+    assert create(csi, "same").code == "OK"
+    r = create(csi, "same", parameters={"passthrough": "true"})
+    assert r.code == "ALREADY_EXISTS" and "passthrough" in r.details, r
+    # "false" is the default spelled out: the same volume
+    assert create(csi, "same", parameters={"passthrough": "false"}).code == "OK"
+    assert len(volume_dirs(strata)) == 1
+
+
+def test_create_passthrough_must_be_true_or_false(csi, strata):
+    for bad in ("yes", "True", "1", ""):
+        r = create(csi, "pt", parameters={"passthrough": bad})
+        assert r.code == "INVALID_ARGUMENT" and "passthrough" in r.details, (bad, r)
+    assert volume_dirs(strata) == []
+    code, r = create(csi, "pt", parameters={"passthrough": "true"})
+    assert code == "OK"
+    assert strata.volume_record(r.volume.volume_id)["passthrough"] == 1
+
+
 def test_create_idempotent_across_restart(csi, strata):
     code, r1 = create(csi, "persist")
     assert code == "OK"

@@ -5,8 +5,8 @@ GetCapacity steering claims away from nodes without a class's layers."""
 
 import os
 
-from csitest import (STRATAFS_FSTYPE, answers, cap, is_mounted, poll,
-                     read_file, write_file)
+from csitest import (STRATAFS_FSTYPE, answers, cap, daemon_options,
+                     is_mounted, poll, read_file, write_file)
 
 EPH = "csi.storage.k8s.io/ephemeral"
 
@@ -76,6 +76,8 @@ def test_inline_volume_refusals(env, strata, csi):
     assert r.code == "INVALID_ARGUMENT" and "missing" in r.details
     r = publish_inline(csi, "csi-3", target, evil="1")
     assert r.code == "INVALID_ARGUMENT" and "evil" in r.details
+    r = publish_inline(csi, "csi-4", target, passthrough="yes")
+    assert r.code == "INVALID_ARGUMENT" and "passthrough" in r.details
     assert not os.path.exists(target)
     # nothing was created for any of them
     assert store_volumes(strata) == []
@@ -100,3 +102,16 @@ def test_capacity_is_zero_without_the_class_layers(strata, csi):
     assert missing.code == "OK" and missing.reply.available_capacity == 0
     hostile = csi.GetCapacity(parameters={"layers": "../etc"})
     assert hostile.code == "OK" and hostile.reply.available_capacity == 0
+
+
+def test_inline_volume_with_passthrough(env, strata, csi):
+    kid = "csi-" + "cd34" * 16
+    target = env.target("inline-pt")
+    assert publish_inline(csi, kid, target, passthrough="true").code == "OK"
+    vid = store_volumes(strata)[0]
+    assert strata.volume_record(vid)["passthrough"] == 1
+    assert "passthrough" in daemon_options(strata.daemon_pid(vid))
+    write_file(os.path.join(target, "f"), "through the kernel\n")
+    assert read_file(strata.path("volumes", vid, "upper", "f")) == b"through the kernel\n"
+    assert csi.NodeUnpublishVolume(volume_id=kid, target_path=target).code == "OK"
+    assert store_volumes(strata) == []

@@ -7,9 +7,9 @@ import signal
 
 import pytest
 
-from csitest import (STRATAFS_FSTYPE, answers, assert_daemon_gone, errno_of,
-                     is_mounted, mounts_under, pid_alive, poll, read_file,
-                     snapshot, write_file)
+from csitest import (STRATAFS_FSTYPE, answers, assert_daemon_gone,
+                     daemon_options, errno_of, is_mounted, mounts_under,
+                     pid_alive, poll, read_file, snapshot, write_file)
 
 
 def assert_all_gone(env, strata, vid, pid):
@@ -64,6 +64,30 @@ def test_kubelet_sequence(env, kubelet, strata):
     assert not os.path.exists(t1) and not os.path.exists(t2)
     tear_down(env, kubelet, strata, vid, st, [], pid)
     assert snapshot(strata.path("layers", "base")) == lower_before
+
+
+@pytest.mark.timeout(60)
+def test_passthrough_volume(env, kubelet, strata):
+    """passthrough=true in the class: the daemon runs with -o passthrough
+    and the kernel does the volume's upper file I/O; others do not."""
+    vid = kubelet.create("pvc-pt", params={"passthrough": "true"})
+    plain = kubelet.create("pvc-plain")
+    st, st2 = kubelet.stage(vid), kubelet.stage(plain)
+    pid = strata.daemon_pid(vid)
+    assert "passthrough" in daemon_options(pid)
+    assert "passthrough" not in daemon_options(strata.daemon_pid(plain))
+    log = open(strata.path("node", vid + ".log")).read()
+    assert "passthrough: the kernel reads and writes upper files itself" in log
+    t = kubelet.publish(vid, st, env.target("pod-pt"))
+    write_file(os.path.join(t, "new.txt"), "written by the kernel\n")
+    with open(os.path.join(t, "lower.txt"), "a") as f:
+        f.write("appended\n")
+    assert read_file(os.path.join(t, "new.txt")) == b"written by the kernel\n"
+    assert read_file(strata.path("volumes", vid, "upper", "lower.txt")) == \
+        b"from the lower layer\nappended\n"
+    kubelet.unstage(plain, st2)
+    kubelet.delete(plain)
+    tear_down(env, kubelet, strata, vid, st, [t], pid)
 
 
 def test_two_volumes_are_independent(env, kubelet, strata):
