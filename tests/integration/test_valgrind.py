@@ -41,7 +41,9 @@ def workload(m):
         assert f.read()[-4:] == b"tail"
 
 
-def test_daemon_is_valgrind_clean(tmp_path):
+# passthrough: the backing ids and the replies built by hand (passthrough.c)
+@pytest.mark.parametrize("opts", ["", ",passthrough"], ids=["default", "passthrough"])
+def test_daemon_is_valgrind_clean(tmp_path, opts):
     binary = stratafs_binary()
     if is_sanitizer_build(binary):
         pytest.fail("valgrind cannot run a sanitizer build: deselect this "
@@ -58,7 +60,8 @@ def test_daemon_is_valgrind_clean(tmp_path):
     with open(log, "wb") as err:
         proc = subprocess.Popen(
             VALGRIND + [binary, "-f", "-o",
-                        f"lowerdir={lower},upperdir={upper},workdir={work}", mnt],
+                        f"lowerdir={lower},upperdir={upper},workdir={work}{opts}",
+                        mnt],
             stdin=subprocess.DEVNULL, stdout=err, stderr=err,
             start_new_session=True)
     try:
