@@ -56,7 +56,7 @@ else
 	MODE=full
 	SEQ_SIZE=2g RAND_SIZE=1g COPYUP_SIZE=1g
 	NFILES=20000 TREE_ENTRIES=130000
-	: "${ROUNDS:=3}" "${RUNTIME:=2}" # keeps the full run near 40 min
+	: "${ROUNDS:=3}" "${RUNTIME:=2}" # keeps the full run under 50 min
 	COLD_CAP=30
 	CMD_TIMEOUT=900
 fi
