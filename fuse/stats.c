@@ -22,10 +22,17 @@ int sfs_stats_open(const char *path)
 	if (fd < 0)
 		return -errno;
 	/* a new daemon for the volume counts from zero */
-	if (ftruncate(fd, 0) < 0 || ftruncate(fd, sizeof(*st)) < 0) {
+	if (ftruncate(fd, 0) < 0) {
 		ret = -errno;
 		goto out;
 	}
+	/*
+	 * Blocks, not a hole: on a full filesystem the first counter bump
+	 * into a hole of the mapping would kill the daemon with SIGBUS.
+	 */
+	ret = -posix_fallocate(fd, 0, sizeof(*st));
+	if (ret)
+		goto out;
 	st = mmap(NULL, sizeof(*st), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (st == MAP_FAILED) {
 		ret = -errno;

@@ -3,10 +3,12 @@
 import errno
 import os
 import random
+import subprocess
 
 import pytest
 
-from stratatest import read_bytes, sha256, snapshot_upper, walk_fd
+from stratatest import (is_mounted, read_bytes, sha256, snapshot_upper,
+                        stratafs_binary, walk_fd)
 
 MiB = 1 << 20
 
@@ -149,3 +151,32 @@ def test_copy_up_on_full_disk(union):
     with open(u.path("f"), "a") as fh:
         fh.write("+")
     assert read_bytes(u.path("f")) == b"f+"
+
+
+def fill(path):
+    """Fills the filesystem of directory path."""
+    fd = os.open(os.path.join(path, "filler"), os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        for size in (MiB, 4096):
+            with pytest.raises(OSError) as e:
+                while True:
+                    os.write(fd, b"\1" * size)
+            assert e.value.errno == errno.ENOSPC
+    finally:
+        os.close(fd)
+
+
+def test_statsfile_on_a_full_disk_is_refused_not_a_crash(stratafs_only):
+    """The counters are a shared mapping of the statsfile: on a full
+    filesystem a sparse one would kill the daemon with SIGBUS at its first
+    request. It must refuse to start instead, saying why."""
+    t = stratafs_only.mount_tmpfs("full", "4m")
+    fill(t)
+    u = stratafs_only.make(lowers=[{"f": "x"}], mount=False,
+                           extra_opts=[f"statsfile={t}/volume.stats"])
+    os.makedirs(u.mnt)
+    r = subprocess.run([stratafs_binary(), "-f", "-o", u.options(), u.mnt],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    assert "statsfile" in r.stderr and "No space left on device" in r.stderr, r.stderr
+    assert not is_mounted(u.mnt)
