@@ -7,7 +7,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "csi.h"
@@ -171,15 +170,6 @@ static int csi_params_check(struct csi_plugin *p, struct csi_volume *v,
 	return 0;
 }
 
-static int64_t csi_store_free(struct csi_plugin *p)
-{
-	struct statvfs st;
-
-	if (fstatvfs(p->store.root_fd, &st) < 0)
-		return -errno;
-	return (int64_t)st.f_bavail * (int64_t)st.f_frsize;
-}
-
 static bool csi_same_volume(const struct csi_volume *a,
 			    const struct csi_volume *b)
 {
@@ -266,7 +256,7 @@ static void csi_create_volume(struct csi_plugin *p, const ProtobufCMessage *msg,
 		csi_reply_errno(r, ret, "store");
 		goto out_unlock;
 	}
-	avail = csi_store_free(p);
+	avail = csi_store_free(&p->store);
 	if (avail >= 0 && want.capacity > avail) {
 		csi_reply_set(r, GRPC_STATUS_OUT_OF_RANGE,
 			      "capacity %lld bytes exceeds the %lld bytes free in the store",
@@ -521,7 +511,7 @@ static void csi_get_capacity(struct csi_plugin *p, const ProtobufCMessage *msg,
 	if ((!req->accessible_topology ||
 	     csi_topo_matches(req->accessible_topology, p)) &&
 	    csi_capacity_layers_here(p, req)) {
-		avail = csi_store_free(p);
+		avail = csi_store_free(&p->store);
 		if (avail < 0) {
 			csi_reply_errno(r, (int)avail, "statvfs of the store");
 			return;

@@ -238,6 +238,7 @@ int64_t csi_json_int(json_object *o, const char *key);
 int csi_store_open(struct csi_store *s, const char *root);
 void csi_store_close(struct csi_store *s);
 int csi_store_check(struct csi_store *s, char *why, size_t size);
+int64_t csi_store_free(struct csi_store *s);
 int csi_volume_new_id(char id[CSI_VOLUME_ID_LEN + 1]);
 int csi_volume_load(struct csi_store *s, const char *id, struct csi_volume *v);
 int csi_volume_find(struct csi_store *s, const char *name, bool ephemeral,

@@ -201,9 +201,15 @@ int csi_daemon_start(struct csi_plugin *p, const struct csi_volume *v,
 		pid_t w = waitpid(pid, &status, WNOHANG);
 
 		if (w == pid || (w < 0 && errno == ECHILD)) {
+			/*
+			 * On a full store the daemon's own words may not have
+			 * fit in its log: say what it could not.
+			 */
+			ret = csi_store_free(&p->store) == 0 ? -ENOSPC : -EIO;
 			csi_daemon_log_tail(sp.logfd, from, why, size,
+					    ret == -ENOSPC ?
+					    "stratafs failed to start (the store's filesystem is full)" :
 					    "stratafs failed to start");
-			ret = -EIO;
 			break;
 		}
 		if (!csi_mount_find(staging, fstype, sizeof(fstype), NULL, 0) &&

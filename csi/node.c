@@ -197,6 +197,7 @@ static int csi_node_start(struct csi_plugin *p, struct csi_reply *r,
 	ret = csi_daemon_start(p, v, n->staging, n, why, sizeof(why));
 	if (ret) {
 		csi_reply_set(r, ret == -ENOENT ? GRPC_STATUS_FAILED_PRECONDITION :
+			      ret == -ENOSPC ? GRPC_STATUS_RESOURCE_EXHAUSTED :
 			      GRPC_STATUS_INTERNAL, "%s", why);
 		return ret;
 	}

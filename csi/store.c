@@ -22,6 +22,7 @@
 #include <sys/file.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -157,6 +158,16 @@ int csi_store_check(struct csi_store *s, char *why, size_t size)
 			return -err;
 		}
 	return 0;
+}
+
+/* Bytes the store's filesystem has left, or a negative errno. */
+int64_t csi_store_free(struct csi_store *s)
+{
+	struct statvfs st;
+
+	if (fstatvfs(s->root_fd, &st) < 0)
+		return -errno;
+	return (int64_t)st.f_bavail * (int64_t)st.f_frsize;
 }
 
 int csi_volume_new_id(char id[CSI_VOLUME_ID_LEN + 1])
