@@ -83,6 +83,14 @@ static bool sfs_req_in_group(fuse_req_t req, gid_t gid)
 	return false;
 }
 
+/* Whether the file at fd has a file capability: 1, 0, or a negative errno. */
+int sfs_file_has_caps(int fd)
+{
+	if (fgetxattr(fd, "security.capability", NULL, 0) >= 0)
+		return 1;
+	return errno == ENODATA || errno == EOPNOTSUPP ? 0 : -errno;
+}
+
 /*
  * The setuid/setgid bits a write or truncate by this caller removes,
  * by the kernel's rules: setuid always, setgid when group-executable or
@@ -112,6 +120,7 @@ static int sfs_file_killpriv(fuse_req_t req, struct sfs_file *f)
 	struct sfs_node *n = f->node;
 	struct stat st;
 	mode_t kill;
+	int ret;
 
 	if (atomic_load(&n->nosec))
 		return 0;
@@ -120,10 +129,17 @@ static int sfs_file_killpriv(fuse_req_t req, struct sfs_file *f)
 	kill = sfs_killpriv_bits(req, &st);
 	if (kill && fchmod(f->fd, st.st_mode & 07777 & ~kill) < 0)
 		return -errno;
-	/* file capabilities go on any write, as in the kernel */
-	if (fremovexattr(f->fd, "security.capability") < 0 &&
-	    errno != ENODATA && errno != EOPNOTSUPP)
+	/*
+	 * File capabilities go on any write, as in the kernel. Removing one
+	 * takes CAP_SETFCAP even when there is none, so look first: a daemon
+	 * without it (a user's own mount) then still writes.
+	 */
+	ret = sfs_file_has_caps(f->fd);
+	if (ret > 0 && fremovexattr(f->fd, "security.capability") < 0 &&
+	    errno != ENODATA)
 		return -errno;
+	if (ret < 0)
+		return ret;
 	if (!(st.st_mode & ~kill & (S_ISUID | S_ISGID)))
 		atomic_store(&n->nosec, true);
 	return 0;

@@ -380,6 +380,7 @@ void sfs_op_copy_file_range(fuse_req_t req, fuse_ino_t ino_in, off_t off_in,
 int sfs_file_open(struct sfs_node *n, int flags, struct sfs_file **out);
 void sfs_file_close(struct sfs_file *f);
 mode_t sfs_killpriv_bits(fuse_req_t req, const struct stat *st);
+int sfs_file_has_caps(int fd);
 int sfs_file_reply(fuse_req_t req, struct sfs_file *f,
 		   struct fuse_file_info *fi, const struct fuse_entry_param *e);
 

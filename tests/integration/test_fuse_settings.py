@@ -3,8 +3,14 @@ kernel then sends (stratafs only; docs/fuse-settings.md). The daemon runs
 with libfuse's debug log, which names every request it gets."""
 
 import os
+import shutil
+import subprocess
+import tempfile
 
-from stratatest import read_bytes
+import pytest
+
+from stratatest import (STRATAFS_FSTYPE, is_mounted, lazy_umount, read_bytes,
+                        stratafs_binary)
 
 
 def requests(u, opcode):
@@ -102,3 +108,63 @@ def test_passthrough_and_cached_handles_of_one_file_agree(stratafs_only):
     with open(u.path("f"), "rb") as r:
         assert r.read(6) == b"PT!old"
     assert read_bytes(u.upath("f"))[:6] == b"PT!old"
+
+
+@pytest.mark.parametrize("opts", ["", ",passthrough"], ids=["default", "passthrough"])
+def test_daemon_without_privileges(stratafs_only, opts):
+    """A user's own daemon (no CAP_SYS_ADMIN, no CAP_SETFCAP): root mounts
+    /dev/fuse for it, as fusermount3 would, and it serves as nobody.
+    Writes must work (dropping a capability that is not there needs no
+    privilege), and passthrough falls back to the daemon, saying why."""
+    base = tempfile.mkdtemp(prefix="strata-unpriv-")
+    try:
+        for d in ("l", "u", "w", "m"):
+            os.mkdir(os.path.join(base, d))
+        with open(os.path.join(base, "l", "f"), "w") as f:
+            f.write("lower\n")
+        for root, dirs, files in os.walk(base):
+            for n in [root] + [os.path.join(root, x) for x in dirs + files]:
+                os.chown(n, NOBODY, NOBODY)
+        os.chmod(base, 0o755)
+        run_unprivileged(base, opts)
+    finally:
+        if is_mounted(os.path.join(base, "m")):
+            lazy_umount(os.path.join(base, "m"))
+        shutil.rmtree(base)
+
+
+NOBODY = 65534
+AS_NOBODY = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
+
+
+def run_unprivileged(base, opts):
+    m = os.path.join(base, "m")
+    fd = os.open("/dev/fuse", os.O_RDWR)
+    try:
+        subprocess.run(["mount", "-i", "-t", STRATAFS_FSTYPE, "-o",
+                        f"fd={fd},rootmode=40000,user_id={NOBODY},group_id={NOBODY},"
+                        "allow_other,default_permissions", "stratafs", m],
+                       check=True, pass_fds=(fd,))
+        err = os.path.join(base, "stderr")
+        with open(err, "w") as e:
+            proc = subprocess.Popen(
+                AS_NOBODY + [stratafs_binary(), "-f", "-o",
+                             f"lowerdir={base}/l,upperdir={base}/u,workdir={base}/w,"
+                             f"userxattr{opts}", f"/dev/fd/{fd}"],
+                pass_fds=(fd,), stdin=subprocess.DEVNULL, stdout=e, stderr=e)
+    finally:
+        os.close(fd)
+    try:
+        subprocess.run(AS_NOBODY + ["sh", "-c", f"echo new > {m}/n && echo more >> {m}/f"],
+                       check=True, timeout=30)
+        assert read_bytes(os.path.join(m, "n")) == b"new\n"
+        assert read_bytes(os.path.join(m, "f")) == b"lower\nmore\n"
+        assert read_bytes(os.path.join(base, "u", "f")) == b"lower\nmore\n"
+        subprocess.run(["umount", m], check=True)
+        assert proc.wait(10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    log = open(err).read()
+    assert ("passthrough needs CAP_SYS_ADMIN" in log) == bool(opts), log
