@@ -11,7 +11,6 @@
 
 #include "csi.h"
 
-#define CSI_K8S_PREFIX "csi.storage.k8s.io/"
 
 /* A Volume message with its topology, all in one allocation. */
 struct csi_volume_msg {
@@ -144,18 +143,8 @@ static int csi_params_check(struct csi_plugin *p, struct csi_volume *v,
 	const char *layers = CSI_MAP_GET(req, parameters, "layers");
 	int ret;
 
-	for (size_t i = 0; i < req->n_parameters; i++) {
-		const char *k = req->parameters[i]->key;
-
-		/* the external-provisioner's own metadata, never ours */
-		if (strcmp(k, "layers") && strcmp(k, "passthrough") &&
-		    strncmp(k, CSI_K8S_PREFIX, strlen(CSI_K8S_PREFIX))) {
-			snprintf(why, size, "unknown parameter '%.64s' (Strata takes: layers, passthrough)", k);
-			return -EINVAL;
-		}
-	}
-	ret = csi_passthrough_check(v, CSI_MAP_GET(req, parameters, "passthrough"),
-				    why, size);
+	ret = csi_volume_options_check(req->n_parameters, (void *const *)req->parameters,
+				       "parameter", &v->passthrough, why, size);
 	if (ret)
 		return ret;
 	ret = csi_layers_check(p, v, layers ? layers : "", why, size);

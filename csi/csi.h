@@ -217,8 +217,8 @@ int csi_mount_flags(const Csi__V1__VolumeCapability *cap, unsigned long *flags,
 		    char **canon, char *why, size_t size);
 unsigned long csi_flags_from_canon(const char *canon);
 int csi_path_check(const char *path, char *why, size_t size);
-int csi_passthrough_check(struct csi_volume *v, const char *value, char *why,
-			  size_t size);
+int csi_volume_options_check(size_t n, void *const *entries, const char *what,
+			     bool *passthrough, char *why, size_t size);
 int csi_wire_strings_check(const ProtobufCMessageDescriptor *d,
 			   const uint8_t *data, size_t len, int depth);
 
@@ -239,6 +239,7 @@ int csi_store_open(struct csi_store *s, const char *root);
 void csi_store_close(struct csi_store *s);
 int csi_store_check(struct csi_store *s, char *why, size_t size);
 int64_t csi_store_free(struct csi_store *s);
+bool csi_store_full(struct csi_store *s);
 int csi_volume_new_id(char id[CSI_VOLUME_ID_LEN + 1]);
 int csi_volume_load(struct csi_store *s, const char *id, struct csi_volume *v);
 int csi_volume_find(struct csi_store *s, const char *name, bool ephemeral,
@@ -253,6 +254,8 @@ int csi_layer_open(struct csi_store *s, const char *name);
 /* controller.c */
 int csi_layers_check(struct csi_plugin *p, struct csi_volume *v,
 		     const char *list, char *why, size_t size);
+
+/* store.c: usage */
 int csi_volume_usage(struct csi_store *s, const char *id, int64_t *bytes,
 		     int64_t *inodes);
 

@@ -205,7 +205,7 @@ int csi_daemon_start(struct csi_plugin *p, const struct csi_volume *v,
 			 * On a full store the daemon's own words may not have
 			 * fit in its log: say what it could not.
 			 */
-			ret = csi_store_free(&p->store) == 0 ? -ENOSPC : -EIO;
+			ret = csi_store_full(&p->store) ? -ENOSPC : -EIO;
 			csi_daemon_log_tail(sp.logfd, from, why, size,
 					    ret == -ENOSPC ?
 					    "stratafs failed to start (the store's filesystem is full)" :

@@ -345,7 +345,6 @@ out:
  * any other volume.
  */
 #define CSI_EPHEMERAL_KEY "csi.storage.k8s.io/ephemeral"
-#define CSI_K8S_CONTEXT "csi.storage.k8s.io/"
 
 static bool csi_is_ephemeral(const Csi__V1__NodePublishVolumeRequest *req)
 {
@@ -374,6 +373,7 @@ static int csi_ephemeral_volume(struct csi_plugin *p, struct csi_reply *r,
 				struct csi_volume *v)
 {
 	const char *layers = CSI_MAP_GET(req, volume_context, "layers");
+	bool passthrough;
 	char why[384];
 	int ret;
 
@@ -382,33 +382,31 @@ static int csi_ephemeral_volume(struct csi_plugin *p, struct csi_reply *r,
 			      "inline volume id '%.64s' is malformed", req->volume_id);
 		return -EINVAL;
 	}
-	for (size_t i = 0; i < req->n_volume_context; i++) {
-		const char *k = req->volume_context[i]->key;
-
-		if (strcmp(k, "layers") && strcmp(k, "passthrough") &&
-		    strncmp(k, CSI_K8S_CONTEXT, strlen(CSI_K8S_CONTEXT))) {
-			csi_reply_set(r, GRPC_STATUS_INVALID_ARGUMENT,
-				      "unknown volume attribute '%.64s' (Strata takes: layers, passthrough)", k);
-			return -EINVAL;
-		}
+	ret = csi_volume_options_check(req->n_volume_context,
+				       (void *const *)req->volume_context,
+				       "volume attribute", &passthrough, why,
+				       sizeof(why));
+	if (ret) {
+		csi_reply_set(r, GRPC_STATUS_INVALID_ARGUMENT, "%s", why);
+		return ret;
 	}
 	pthread_mutex_lock(&p->store.create_lock);
 	ret = csi_volume_find(&p->store, req->volume_id, true, v);
 	if (ret != -ENOENT)
 		goto out;
 	memset(v, 0, sizeof(*v));
-	ret = csi_passthrough_check(v, CSI_MAP_GET(req, volume_context, "passthrough"),
-				    why, sizeof(why));
-	if (!ret)
-		ret = csi_layers_check(p, v, layers ? layers : "", why, sizeof(why));
+	ret = csi_layers_check(p, v, layers ? layers : "", why, sizeof(why));
 	if (ret == -EINVAL) {
 		csi_reply_set(r, GRPC_STATUS_INVALID_ARGUMENT, "%s", why);
 		goto out_unlock;
 	}
+	if (ret)
+		goto out;
+	v->passthrough = passthrough;
 	v->ephemeral = true;
 	v->name = strdup(req->volume_id);
 	v->parameters = json_object_new_object();
-	if (!ret && (!v->name || !v->parameters))
+	if (!v->name || !v->parameters)
 		ret = -ENOMEM;
 	if (!ret)
 		ret = csi_volume_new_id(v->id);
@@ -481,7 +479,10 @@ static int csi_ephemeral_remove(struct csi_plugin *p, struct csi_reply *r,
 	}
 	csi_state_remove_stats(&p->store, n->id);
 	rmdir(n->staging);
-	return csi_volume_delete(&p->store, n->id);
+	ret = csi_volume_delete(&p->store, n->id);
+	if (ret)
+		csi_reply_errno(r, ret, "deleting the inline volume");
+	return ret;
 }
 
 static void csi_node_publish(struct csi_plugin *p, const ProtobufCMessage *msg,
@@ -582,10 +583,18 @@ static void csi_node_unpublish(struct csi_plugin *p, const ProtobufCMessage *msg
 	    csi_node_path(r, "target_path", req->target_path, nr.path))
 		goto out;
 	/* kubelet names an inline volume by its own id */
-	if (!csi_volume_id_valid(nr.id) && csi_ephemeral_id_valid(nr.id) &&
-	    csi_volume_find(&p->store, nr.id, true, &nr.v) == 0) {
-		memcpy(nr.own_id, nr.v.id, sizeof(nr.own_id));
-		nr.id = nr.own_id;
+	if (!csi_volume_id_valid(nr.id) && csi_ephemeral_id_valid(nr.id)) {
+		if (csi_volume_find(&p->store, nr.id, true, &nr.v) == 0) {
+			memcpy(nr.own_id, nr.v.id, sizeof(nr.own_id));
+			nr.id = nr.own_id;
+		} else if (csi_mount_find(nr.path, NULL, 0, NULL, 0)) {
+			/* a retry after the last unpublish removed it: done */
+			if (rmdir(nr.path) < 0 && errno != ENOENT)
+				csi_reply_errno(r, -errno, "removing the target");
+			else
+				csi_reply_ok(r, (void *)&csi_unpublish_out);
+			goto out;
+		}
 	}
 	if (csi_node_lock(p, r, &nr))
 		goto out;
@@ -625,6 +634,14 @@ static void csi_node_unpublish(struct csi_plugin *p, const ProtobufCMessage *msg
 	}
 	if (staged && nr.v.ephemeral && csi_ephemeral_remove(p, r, &nr.n))
 		goto out;
+	/* a publish whose daemon never started left the volume unstaged */
+	if (!staged && nr.v.ephemeral) {
+		ret = csi_volume_delete(&p->store, nr.id);
+		if (ret) {
+			csi_reply_errno(r, ret, "deleting the inline volume");
+			goto out;
+		}
+	}
 	csi_reply_ok(r, (void *)&csi_unpublish_out);
 out:
 	csi_node_end(p, &nr);

@@ -170,6 +170,15 @@ int64_t csi_store_free(struct csi_store *s)
 	return (int64_t)st.f_bavail * (int64_t)st.f_frsize;
 }
 
+/* Whether the store's filesystem has no block or no inode left for us. */
+bool csi_store_full(struct csi_store *s)
+{
+	struct statvfs st;
+
+	return fstatvfs(s->root_fd, &st) == 0 &&
+	       (st.f_bavail == 0 || st.f_favail == 0);
+}
+
 int csi_volume_new_id(char id[CSI_VOLUME_ID_LEN + 1])
 {
 	unsigned char rnd[16];

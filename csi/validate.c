@@ -276,23 +276,34 @@ int csi_path_check(const char *path, char *why, size_t size)
 }
 
 /*
- * The "passthrough" parameter (StorageClass) or attribute (inline
- * volume): "true" or "false", absent meaning false.
+ * The volume options a StorageClass (parameters) or an inline volume
+ * (volume_context) may give: "layers", left to csi_layers_check, and
+ * "passthrough", "true" or "false" (the default). Keys under
+ * csi.storage.k8s.io/ are the CO's own metadata, never ours.
  */
-int csi_passthrough_check(struct csi_volume *v, const char *value, char *why,
-			  size_t size)
+int csi_volume_options_check(size_t n, void *const *entries, const char *what,
+			     bool *passthrough, char *why, size_t size)
 {
-	if (!value || !strcmp(value, "false")) {
-		v->passthrough = false;
-		return 0;
+	static const char k8s[] = "csi.storage.k8s.io/";
+	const char *pt;
+
+	for (size_t i = 0; i < n; i++) {
+		const char *k = ((const struct csi_map_entry *)entries[i])->key;
+
+		if (strcmp(k, "layers") && strcmp(k, "passthrough") &&
+		    strncmp(k, k8s, sizeof(k8s) - 1)) {
+			snprintf(why, size, "unknown %s '%.64s' (Strata takes: layers, passthrough)",
+				 what, k);
+			return -EINVAL;
+		}
 	}
-	if (!strcmp(value, "true")) {
-		v->passthrough = true;
-		return 0;
+	pt = csi_map_get(n, entries, "passthrough");
+	*passthrough = pt && !strcmp(pt, "true");
+	if (pt && !*passthrough && strcmp(pt, "false")) {
+		snprintf(why, size, "passthrough: '%.32s' is neither true nor false", pt);
+		return -EINVAL;
 	}
-	snprintf(why, size, "passthrough: '%.32s' is neither true nor false",
-		 value);
-	return -EINVAL;
+	return 0;
 }
 
 static int csi_varint(const uint8_t **p, const uint8_t *end, uint64_t *v)

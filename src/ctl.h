@@ -17,7 +17,6 @@
 void ctl_oom(void) __attribute__((noreturn));
 
 /* ctl_json.c */
-json_object *ctl_json_message(const ProtobufCMessage *m);
 void ctl_json_append(json_object *arr, const ProtobufCMessage *m,
 		     const char *field);
 void ctl_print_json(json_object *obj);

@@ -16,6 +16,9 @@
 
 #include "ctl.h"
 
+/* messages nest: the walk recurses through field values */
+static json_object *ctl_json_message(const ProtobufCMessage *m);
+
 static size_t ctl_field_size(const ProtobufCFieldDescriptor *f)
 {
 	switch (f->type) {
@@ -177,7 +180,7 @@ static bool ctl_field_is_map(const ProtobufCFieldDescriptor *f)
 	       strcmp(d->fields[1].name, "value") == 0;
 }
 
-json_object *ctl_json_message(const ProtobufCMessage *m)
+static json_object *ctl_json_message(const ProtobufCMessage *m)
 {
 	const ProtobufCMessageDescriptor *d = m->descriptor;
 	json_object *obj = json_object_new_object();

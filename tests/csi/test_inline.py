@@ -61,8 +61,14 @@ def test_inline_volume_lives_with_its_pod(env, strata, csi):
          what="the inline volume's daemon to exit")
     assert vid not in store_volumes(strata)
     assert not os.path.exists(strata.path("node", vid + ".json"))
-    # the pod's volume is gone: another unpublish has nothing to find
-    assert csi.NodeUnpublishVolume(volume_id=kid, target_path=target).code == "NOT_FOUND"
+    # a retry (the reply was lost) is OK, as the spec's idempotency asks:
+    # kubelet's teardown fails on any error, NOT_FOUND included
+    assert csi.NodeUnpublishVolume(volume_id=kid, target_path=target).code == "OK"
+    assert not os.path.exists(target)
+    # an id that never was an inline volume here, at a path nothing is
+    # mounted on, is the same: nothing to undo
+    assert csi.NodeUnpublishVolume(volume_id="csi-" + "ef56" * 16,
+                                   target_path=env.target("never")).code == "OK"
 
 
 def test_inline_volume_refusals(env, strata, csi):
@@ -115,3 +121,16 @@ def test_inline_volume_with_passthrough(env, strata, csi):
     assert read_file(strata.path("volumes", vid, "upper", "f")) == b"through the kernel\n"
     assert csi.NodeUnpublishVolume(volume_id=kid, target_path=target).code == "OK"
     assert store_volumes(strata) == []
+
+
+def test_inline_volume_whose_daemon_never_started(env, strata, csi):
+    """A publish that failed to start the daemon leaves the store volume
+    unstaged; the pod's unpublish must still remove it."""
+    kid = "csi-" + "9a8b" * 16
+    target = env.target("inline-broken")
+    strata.stop()
+    p = env.plugin(root=strata.root, stratafs="/bin/false")
+    assert publish_inline(p.csi, kid, target).code == "INTERNAL"
+    assert len(store_volumes(p)) == 1
+    assert p.csi.NodeUnpublishVolume(volume_id=kid, target_path=target).code == "OK"
+    assert store_volumes(p) == []
