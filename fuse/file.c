@@ -38,9 +38,15 @@ int sfs_file_open(struct sfs_node *n, int flags, struct sfs_file **out)
 		return -ENOMEM;
 	/* The kernel did the permission and creation checks already. */
 	flags &= ~(O_CREAT | O_EXCL | O_NOCTTY | O_NOFOLLOW);
+	/*
+	 * Counted open before it looks for an upper copy: a writer copying
+	 * up meanwhile then sees this handle (sfs_pass_open).
+	 */
+	atomic_fetch_add(&n->nopen, 1);
 	f->upper = sfs_upper(n) >= 0;
 	fd = sfs_reopen(sfs_node_datafd(n), flags);
 	if (fd < 0) {
+		atomic_fetch_sub(&n->nopen, 1);
 		free(f);
 		return fd;
 	}
@@ -50,7 +56,6 @@ int sfs_file_open(struct sfs_node *n, int flags, struct sfs_file **out)
 	f->flags = flags;
 	f->node = n;
 	sfs_node_ref(n);
-	atomic_fetch_add(&n->nopen, 1);
 	sfs_handle_add(&sfs->files, &f->link);
 	*out = f;
 	return 0;
@@ -275,13 +280,18 @@ void sfs_op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t offset,
 {
 	struct sfs_file *f = sfs_fh(fi);
 
+	int ret;
+
 	sfs_count(STRATA_ST_FALLOCATE, 1);
 	if (!f->upper) {
 		fuse_reply_err(req, EBADF);
 		return;
 	}
-	fuse_reply_err(req, fallocate(f->fd, mode, offset, length) < 0 ?
-				    errno : 0);
+	/* it modifies the file like a write: privileges go the same way */
+	ret = sfs_file_killpriv(req, f);
+	if (ret == 0 && fallocate(f->fd, mode, offset, length) < 0)
+		ret = -errno;
+	sfs_reply_err(req, ret);
 }
 
 void sfs_op_lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence,
@@ -301,7 +311,14 @@ void sfs_op_copy_file_range(fuse_req_t req, fuse_ino_t ino_in, off_t off_in,
 			    off_t off_out, struct fuse_file_info *fi_out,
 			    size_t len, int flags)
 {
+	struct sfs_file *out = sfs_fh(fi_out);
+	int ret = sfs_file_killpriv(req, out);
+
 	sfs_count(STRATA_ST_COPY_FILE_RANGE, 1);
-	sfs_io_copy_file(req, sfs_file_readfd(sfs_fh(fi_in)), off_in,
-			 sfs_fh(fi_out)->fd, off_out, len, flags);
+	if (ret < 0) {
+		sfs_reply_err(req, ret);
+		return;
+	}
+	sfs_io_copy_file(req, sfs_file_readfd(sfs_fh(fi_in)), off_in, out->fd,
+			 off_out, len, flags);
 }

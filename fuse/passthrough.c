@@ -17,6 +17,11 @@
  * files stay with the daemon so that a read-only handle follows a later
  * copy-up (a backing file is fixed for the life of the handle).
  *
+ * One gap is left: a file that gains setuid, setgid or a capability
+ * while it has passthrough handles keeps handles opened meanwhile in
+ * passthrough, and writes through them do not drop it
+ * (docs/fuse-settings.md says so).
+ *
  * The kernel fails (EIO) an open that disagrees with the inode's other
  * open files: all passthrough with the same backing id, or none. So a
  * node's first handle decides for every handle opened while it is open,
@@ -61,7 +66,11 @@ static bool sfs_pass_privileged(struct sfs_file *f)
 	if (fstat(f->fd, &st) < 0 || (st.st_mode & (S_ISUID | S_ISGID)))
 		return true;
 	/* an error counts as one: the daemon then sees every write */
-	return sfs_file_has_caps(f->fd) != 0;
+	if (sfs_file_has_caps(f->fd) != 0)
+		return true;
+	/* as a write would have found: later writes and opens skip the check */
+	atomic_store(&f->node->nosec, true);
+	return false;
 }
 
 /* A backing id for fd, or 0 when the kernel refuses it. */
@@ -72,12 +81,15 @@ static int sfs_pass_register(int fd)
 
 	if (id > 0)
 		return id;
-	if (errno == EPERM && atomic_exchange(&sfs->passthrough, false))
-		strata_warn("passthrough needs CAP_SYS_ADMIN: file data goes "
-			    "through the daemon");
-	else
+	/* out of memory or descriptors passes; anything else will not */
+	if (errno == ENOMEM || errno == EMFILE || errno == ENFILE)
 		strata_debug("passthrough refused (%s): through the daemon",
 			     strerror(errno));
+	else if (atomic_exchange(&sfs->passthrough, false))
+		strata_warn("passthrough refused (%s%s): file data goes through "
+			    "the daemon", strerror(errno),
+			    errno == EPERM ? ", it needs CAP_SYS_ADMIN" :
+			    errno == ELOOP ? ", a layer is stacked already" : "");
 	return 0;
 }
 
@@ -183,7 +195,7 @@ int sfs_pass_reply(fuse_req_t req, const struct fuse_entry_param *e,
 		   uint64_t fh, int backing)
 {
 	struct fuse_entry_out entry;
-	/* FLUSH does nothing here, as for every open (sfs_file_set_cache) */
+	/* FLUSH does nothing here, as for every open (sfs_file_reply) */
 	struct sfs_open_out open = {
 		.fh = fh,
 		.open_flags = SFS_FOPEN_PASSTHROUGH | FOPEN_NOFLUSH,

@@ -167,4 +167,5 @@ def run_unprivileged(base, opts):
             proc.kill()
             proc.wait()
     log = open(err).read()
-    assert ("passthrough needs CAP_SYS_ADMIN" in log) == bool(opts), log
+    assert ("passthrough refused (Operation not permitted, it needs CAP_SYS_ADMIN)"
+            in log) == bool(opts), log

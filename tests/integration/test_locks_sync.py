@@ -258,6 +258,33 @@ def test_suid_sgid_dropped_on_truncate_by_other_user(union, action):
     assert (stat.S_IMODE(st.st_mode), st.st_size) == (0o777, 0), oct(st.st_mode)
 
 
+def fallocate(dfd):
+    fd = os.open("f", os.O_WRONLY, dir_fd=dfd)
+    try:
+        os.posix_fallocate(fd, 0, 1 << 16)
+    finally:
+        os.close(fd)
+
+
+def copy_file_range_into(dfd):
+    src = os.open("src", os.O_RDONLY, dir_fd=dfd)
+    dst = os.open("f", os.O_WRONLY, dir_fd=dfd)
+    try:
+        assert os.copy_file_range(src, dst, 4, 0, 0) == 4
+    finally:
+        os.close(src)
+        os.close(dst)
+
+
+@pytest.mark.parametrize("action", [fallocate, copy_file_range_into])
+def test_suid_sgid_dropped_on_other_changes_of_data_by_other_user(union, action):
+    """fallocate and copy_file_range modify a file as a write does."""
+    u = union.make(lowers=[{"f": ("file", "content", {"mode": 0o6777}),
+                            "src": "data"}], allow_other=True)
+    assert run_as(65534, 65534, u.mnt, action) == 0
+    assert stat.S_IMODE(os.stat(u.path("f")).st_mode) == 0o777
+
+
 def test_suid_dropped_on_write_after_chmod_of_a_written_file(union):
     """A file written once with nothing to drop may be written unchecked
     until its mode changes: a chmod u+s must bring the check back."""
