@@ -240,18 +240,9 @@ static int sfs_copy_up_mode(struct sfs_node *n, bool data)
 	for (;;) {
 		if (atomic_load(&n->has_upper))
 			return 0;
-		sfs_lock(&n->lock);
-		parent = n->parent;
-		if (parent)
-			sfs_node_ref(parent);
-		sfs_unlock(&n->lock);
-		if (!parent)
-			return -EIO;	/* only the root has none, and it is up */
-		ret = sfs_node_pin(parent);
-		if (ret < 0) {
-			sfs_node_unref(parent);
-			return ret;
-		}
+		parent = sfs_node_get_parent(n, &ret);
+		if (!parent)	/* only the root has none, and it is up */
+			return ret < 0 ? ret : -EIO;
 
 		/* Parents first, without holding the child's lock. */
 		ret = sfs_copy_up_mode(parent, true);

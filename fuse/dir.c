@@ -149,7 +149,7 @@ static int sfs_create_entry(fuse_req_t req, fuse_ino_t parent,
 		return ret;
 	sfs_req_owner(req, dir, &ne.mode, &ne.uid, &ne.gid);
 	ret = sfs_create(dir, name, &ne, out);
-	sfs_node_unpin(dir);
+	sfs_node_release(dir);
 	return ret;
 }
 
@@ -289,9 +289,9 @@ void sfs_op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent,
 		ret = sfs_link(n, dir, newname);
 		if (ret == 0)
 			sfs_entry_reply(req, n);
-		sfs_node_unpin(dir);
+		sfs_node_release(dir);
 	}
-	sfs_node_unpin(n);
+	sfs_node_release(n);
 	if (ret == 0)
 		return;
 out_err:
@@ -426,7 +426,7 @@ static void sfs_unlink_op(fuse_req_t req, fuse_ino_t parent, const char *name,
 		ret = sfs_node_get_pinned(parent, &dir);
 	if (ret == 0) {
 		ret = sfs_unlink(dir, name, isdir);
-		sfs_node_unpin(dir);
+		sfs_node_release(dir);
 	}
 	sfs_reply_err(req, ret);
 }
@@ -450,14 +450,20 @@ void sfs_op_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
 static int sfs_lower_path(struct sfs_node *n, char *buf, size_t size)
 {
 	char *names[PATH_MAX / 2];
-	const char *base = "";
-	size_t count = 0, len;
+	struct sfs_node *p = n, *up;
+	size_t count = 0, len = 0;
 	int ret = 0;
 
-	for (struct sfs_node *p = n; p && p != sfs->root; p = p->parent) {
+	/*
+	 * Each step holds a reference on the node it reads: a rename
+	 * elsewhere may move an ancestor and drop the reference that its
+	 * old parent pointer held.
+	 */
+	sfs_node_ref(p);
+	while (p != sfs->root) {
 		sfs_lock(&p->lock);
 		if (p->di->redirect && p->di->redirect[0] == '/') {
-			base = p->di->redirect;
+			len = snprintf(buf, size, "%s", p->di->redirect);
 			sfs_unlock(&p->lock);
 			break;
 		}
@@ -467,19 +473,25 @@ static int sfs_lower_path(struct sfs_node *n, char *buf, size_t size)
 			goto out;
 		}
 		names[count] = strdup(p->di->redirect ? p->di->redirect : p->name);
+		up = p->parent;
+		sfs_node_ref(up);
 		sfs_unlock(&p->lock);
+		sfs_node_unref(p);
+		p = up;
 		if (!names[count]) {
 			ret = -ENOMEM;
 			goto out;
 		}
 		count++;
 	}
-	len = snprintf(buf, size, "%s", base);
+	if (p == sfs->root)
+		buf[0] = '\0';
 	for (size_t i = count; i > 0 && len < size; i--)
 		len += snprintf(buf + len, size - len, "/%s", names[i - 1]);
 	if (len >= size)
 		ret = -ENAMETOOLONG;
 out:
+	sfs_node_unref(p);
 	for (size_t i = 0; i < count; i++)
 		free(names[i]);
 	return ret;
@@ -525,15 +537,26 @@ static int sfs_rename_redirect(struct sfs_node *n)
 static int sfs_rename_opaque(struct sfs_node *n, struct sfs_node *dir,
 			     const char *name)
 {
+	bool opaque;
 	int positive;
 
-	if (!S_ISDIR(n->type) || n->nlower > 0 || n->di->opaque)
+	if (!S_ISDIR(n->type) || n->nlower > 0)
+		return 0;
+	sfs_lock(&n->lock);
+	opaque = n->di->opaque;
+	sfs_unlock(&n->lock);
+	if (opaque)
 		return 0;
 	positive = sfs_lower_positive(dir, name);
 	if (positive <= 0)
 		return positive;
-	n->di->opaque = true;
-	return sfs_set_opaque(sfs_upper(n));
+	positive = sfs_set_opaque(sfs_upper(n));
+	if (positive == 0) {
+		sfs_lock(&n->lock);
+		n->di->opaque = true;
+		sfs_unlock(&n->lock);
+	}
+	return positive;
 }
 
 static int sfs_rename_check(struct sfs_node *src, struct sfs_node *dst,
@@ -707,9 +730,9 @@ void sfs_op_rename(fuse_req_t req, fuse_ino_t parent, const char *name,
 	ret = sfs_node_get_pinned(newparent, &ndir);
 	if (ret == 0) {
 		ret = sfs_rename_entry(pdir, name, ndir, newname, flags);
-		sfs_node_unpin(ndir);
+		sfs_node_release(ndir);
 	}
-	sfs_node_unpin(pdir);
+	sfs_node_release(pdir);
 out:
 	sfs_reply_err(req, ret);
 }

@@ -178,7 +178,7 @@ void sfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	sfs_count(STRATA_ST_OPEN, 1);
 	if (ret == 0) {
 		ret = sfs_file_open(n, fi->flags, &f);
-		sfs_node_unpin(n);
+		sfs_node_release(n);
 	}
 	if (ret < 0) {
 		sfs_reply_err(req, ret);

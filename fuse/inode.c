@@ -13,6 +13,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <malloc.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <stdio.h>
@@ -187,14 +188,30 @@ static void sfs_table_remove(struct sfs_node *n)
 	}
 }
 
-/* Caller holds the table lock. */
+/*
+ * A reference on a node that may be dying: its count reached zero and
+ * the thread that dropped it is waiting for the table lock to unhash and
+ * free it. Such a node is not revived; the caller treats it as absent.
+ */
+static bool sfs_node_tryget(struct sfs_node *n)
+{
+	uint64_t r = atomic_load(&n->refs);
+
+	do {
+		if (r == 0)
+			return false;
+	} while (!atomic_compare_exchange_weak(&n->refs, &r, r + 1));
+	return true;
+}
+
+/* The live node for an inode number, referenced; caller holds the table lock. */
 static struct sfs_node *sfs_table_find(uint64_t ino, mode_t type)
 {
 	struct sfs_node *n = sfs->table[sfs_hash(ino, sfs->table_size)];
 
 	for (; n; n = n->hnext)
 		if (n->ino == ino && (n->type & S_IFMT) == (type & S_IFMT) &&
-		    !n->unhashed)
+		    !n->unhashed && sfs_node_tryget(n))
 			return n;
 	return NULL;
 }
@@ -206,8 +223,6 @@ struct sfs_node *sfs_node_find(uint64_t ino, mode_t type)
 
 	pthread_mutex_lock(&sfs->table_lock);
 	n = sfs_table_find(ino, type);
-	if (n)
-		n->refs++;
 	pthread_mutex_unlock(&sfs->table_lock);
 	if (n && sfs_node_pin(n) < 0) {
 		sfs_node_unref(n);
@@ -223,40 +238,37 @@ struct sfs_node *sfs_node_get(fuse_ino_t nodeid)
 	return (struct sfs_node *)(uintptr_t)nodeid;
 }
 
+/* Another reference; the caller already holds one (or the kernel does). */
 void sfs_node_ref(struct sfs_node *n)
 {
-	pthread_mutex_lock(&sfs->table_lock);
-	n->refs++;
-	pthread_mutex_unlock(&sfs->table_lock);
+	atomic_fetch_add(&n->refs, 1);
 }
 
+/* The kernel's lookup count is part of the node's references. */
 void sfs_node_lookup_inc(struct sfs_node *n)
 {
-	pthread_mutex_lock(&sfs->table_lock);
-	n->nlookup++;
-	pthread_mutex_unlock(&sfs->table_lock);
+	atomic_fetch_add(&n->refs, 1);
 }
 
 /* Nodes freed since the heap was last trimmed. */
 static atomic_long sfs_freed;
 
 /*
- * Drops a count and frees the node once nobody holds it. The parent
- * reference goes last, outside the table lock, walking up iteratively
- * so a deep tree being forgotten cannot overflow the stack.
+ * Drops COUNT references and frees the node once none is left. The
+ * reference on the parent goes last, walking up iteratively so that a
+ * deep tree being forgotten cannot overflow the stack. A node whose
+ * count reached zero is found by nobody (sfs_node_tryget), so its
+ * fields, parent included, are this thread's alone.
  */
-static void sfs_node_put(struct sfs_node *n, uint64_t nlookup, uint64_t refs)
+static void sfs_node_put(struct sfs_node *n, uint64_t count)
 {
 	while (n) {
 		struct sfs_node *parent;
 
-		pthread_mutex_lock(&sfs->table_lock);
-		n->nlookup -= nlookup;
-		n->refs -= refs;
-		if (n == sfs->root || n->nlookup || n->refs) {
-			pthread_mutex_unlock(&sfs->table_lock);
+		if (atomic_fetch_sub(&n->refs, count) != count ||
+		    n == sfs->root)
 			return;
-		}
+		pthread_mutex_lock(&sfs->table_lock);
 		sfs_table_remove(n);
 		pthread_mutex_unlock(&sfs->table_lock);
 
@@ -264,8 +276,7 @@ static void sfs_node_put(struct sfs_node *n, uint64_t nlookup, uint64_t refs)
 		sfs_node_free(n);
 		atomic_fetch_add(&sfs_freed, 1);
 		n = parent;
-		nlookup = 0;
-		refs = 1;
+		count = 1;
 	}
 }
 
@@ -284,12 +295,38 @@ void sfs_node_unhash(struct sfs_node *n)
 
 void sfs_node_lookup_dec(struct sfs_node *n)
 {
-	sfs_node_put(n, 1, 0);
+	sfs_node_put(n, 1);
 }
 
 void sfs_node_unref(struct sfs_node *n)
 {
-	sfs_node_put(n, 0, 1);
+	sfs_node_put(n, 1);
+}
+
+/*
+ * The node's parent, referenced and pinned, or NULL for the root (or a
+ * pin that failed: *err says). The parent pointer changes under n->lock
+ * (a rename), and the old parent may go with the reference n held on it,
+ * so the reference is taken before the lock is dropped.
+ */
+struct sfs_node *sfs_node_get_parent(struct sfs_node *n, int *err)
+{
+	struct sfs_node *parent;
+
+	*err = 0;
+	sfs_lock(&n->lock);
+	parent = n->parent;
+	if (parent)
+		sfs_node_ref(parent);
+	sfs_unlock(&n->lock);
+	if (parent) {
+		*err = sfs_node_pin(parent);
+		if (*err < 0) {
+			sfs_node_unref(parent);
+			parent = NULL;
+		}
+	}
+	return parent;
 }
 
 /*
@@ -317,7 +354,6 @@ struct sfs_node *sfs_node_from_found(struct sfs_node *parent,
 	h = sfs_hash(ino, sfs->table_size);
 	n = sfs_table_find(ino, f->type);
 	if (n) {
-		n->refs++;
 		pthread_mutex_unlock(&sfs->table_lock);
 		free(fresh);
 		sfs_found_release(f);
@@ -331,7 +367,7 @@ struct sfs_node *sfs_node_from_found(struct sfs_node *parent,
 
 	n = fresh;
 	n->ino = ino;
-	n->refs = 1;
+	atomic_init(&n->refs, 1);
 	n->up = (struct sfs_entry){ f->upper, 0, NULL };
 	atomic_init(&n->has_upper, f->upper >= 0);
 	atomic_init(&n->busy, 1);	/* pinned for the caller */
@@ -349,7 +385,7 @@ struct sfs_node *sfs_node_from_found(struct sfs_node *parent,
 	n->has_origin = f->has_origin;
 	n->parent = parent;
 	if (parent)
-		parent->refs++;
+		sfs_node_ref(parent);
 	n->hnext = sfs->table[h];
 	sfs->table[h] = n;
 	if (++sfs->table_count > sfs->table_size)
@@ -492,6 +528,33 @@ static bool sfs_node_parkable(struct sfs_node *n)
 	       !atomic_load(&n->nopen);
 }
 
+/* Parks what it can in the hand's next bucket; caller holds table_lock. */
+static void sfs_evict_bucket(void)
+{
+	struct sfs_node *n;
+
+	sfs->evict_hand = (sfs->evict_hand + 1) & (sfs->table_size - 1);
+	for (n = sfs->table[sfs->evict_hand]; n; n = n->hnext) {
+		if (!sfs_node_parkable(n))
+			continue;
+		if (atomic_exchange(&n->used, false))
+			continue;
+		if (!sfs_trylock(&n->lock))
+			continue;
+		if (sfs_node_parkable(n))
+			sfs_node_park(n);
+		sfs_unlock(&n->lock);
+	}
+}
+
+/*
+ * Turns the clock until the descriptors are back under the budget. The
+ * table lock is given up every SFS_EVICT_BATCH buckets: on a big tree
+ * the walk is long, and every lookup waits for that lock. The hand is
+ * only an index, so the table may grow or shrink in between.
+ */
+#define SFS_EVICT_BATCH 64
+
 static void sfs_evict(void)
 {
 	long target = sfs->fd_budget - sfs->fd_budget / 8;
@@ -502,20 +565,14 @@ static void sfs_evict(void)
 	pthread_mutex_lock(&sfs->table_lock);
 	/* two turns of the clock: the first may only clear used bits */
 	steps = 2 * sfs->table_size;
-	while (steps-- && atomic_load(&sfs->node_fds) > target) {
-		struct sfs_node *n;
-
-		sfs->evict_hand = (sfs->evict_hand + 1) & (sfs->table_size - 1);
-		for (n = sfs->table[sfs->evict_hand]; n; n = n->hnext) {
-			if (!sfs_node_parkable(n))
-				continue;
-			if (atomic_exchange(&n->used, false))
-				continue;
-			if (!sfs_trylock(&n->lock))
-				continue;
-			if (sfs_node_parkable(n))
-				sfs_node_park(n);
-			sfs_unlock(&n->lock);
+	for (size_t i = 1; steps-- && atomic_load(&sfs->node_fds) > target;
+	     i++) {
+		sfs_evict_bucket();
+		if (i % SFS_EVICT_BATCH == 0) {
+			/* let a woken waiter take it before we do again */
+			pthread_mutex_unlock(&sfs->table_lock);
+			sched_yield();
+			pthread_mutex_lock(&sfs->table_lock);
 		}
 	}
 	pthread_mutex_unlock(&sfs->table_lock);
@@ -546,12 +603,25 @@ void sfs_node_unpin(struct sfs_node *n)
 		sfs_evict();
 }
 
+/*
+ * The node the kernel names in a request, referenced and pinned: drop
+ * both with sfs_node_release. The kernel's lookup count keeps the node
+ * alive until the request is answered, but no longer: once the reply
+ * is out, a FORGET on another thread may drop that count, so the
+ * handler's own reference is what keeps the node alive to the end.
+ */
 int sfs_node_get_pinned(fuse_ino_t nodeid, struct sfs_node **out)
 {
 	struct sfs_node *n = sfs_node_get(nodeid);
-	int ret = sfs_node_pin(n);
+	int ret;
 
-	*out = ret < 0 ? NULL : n;
+	sfs_node_ref(n);
+	ret = sfs_node_pin(n);
+	if (ret < 0) {
+		sfs_node_unref(n);
+		n = NULL;
+	}
+	*out = n;
 	return ret;
 }
 
@@ -719,7 +789,7 @@ void sfs_op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	sfs_count(STRATA_ST_GETATTR, 1);
 	if (ret == 0) {
 		ret = sfs_node_stat(n, &st);
-		sfs_node_unpin(n);
+		sfs_node_release(n);
 	}
 	if (ret < 0)
 		sfs_reply_err(req, ret);
@@ -861,7 +931,7 @@ void sfs_op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr,
 		return;
 	}
 	sfs_setattr(req, n, attr, valid, fi);
-	sfs_node_unpin(n);
+	sfs_node_release(n);
 }
 
 void sfs_op_readlink(fuse_req_t req, fuse_ino_t ino)
@@ -879,7 +949,7 @@ void sfs_op_readlink(fuse_req_t req, fuse_ino_t ino)
 	len = readlinkat(sfs_node_datafd(n), "", buf, sizeof(buf));
 	if (len < 0)
 		len = -errno;
-	sfs_node_unpin(n);
+	sfs_node_release(n);
 	if (len < 0) {
 		sfs_reply_err(req, (int)len);
 		return;
@@ -907,7 +977,7 @@ void sfs_op_statfs(fuse_req_t req, fuse_ino_t ino)
 void sfs_op_forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup)
 {
 	sfs_count(STRATA_ST_FORGET, 1);
-	sfs_node_put(sfs_node_get(ino), nlookup, 0);
+	sfs_node_put(sfs_node_get(ino), nlookup);
 	fuse_reply_none(req);
 }
 
@@ -916,8 +986,7 @@ void sfs_op_forget_multi(fuse_req_t req, size_t count,
 {
 	sfs_count(STRATA_ST_FORGET, 1);
 	for (size_t i = 0; i < count; i++)
-		sfs_node_put(sfs_node_get(forgets[i].ino), forgets[i].nlookup,
-			     0);
+		sfs_node_put(sfs_node_get(forgets[i].ino), forgets[i].nlookup);
 	fuse_reply_none(req);
 	/*
 	 * The kernel forgets in storms (memory pressure, drop_caches): give

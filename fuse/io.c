@@ -74,11 +74,6 @@ static struct {
 
 static __thread struct sfs_ring *sfs_tls_ring;
 
-bool sfs_io_is_uring(void)
-{
-	return sfs_io.uring;
-}
-
 /* ---- synchronous primitives, shared by both engines ---- */
 
 static ssize_t sfs_io_pread_sync(int fd, void *buf, size_t len, off_t off)
@@ -199,6 +194,7 @@ static bool sfs_ring_submit(struct sfs_io_op *op, bool write)
 	else
 		io_uring_prep_read(sqe, op->fd, op->buf, op->len, op->off);
 	io_uring_sqe_set_data(sqe, op);
+	SFS_TSAN_RELEASE(op);
 	/*
 	 * Page-cache hits and buffered writes complete inside the submit:
 	 * the worker replies to those itself, sparing a wake-up of the
@@ -249,8 +245,10 @@ static void sfs_ring_drain(struct sfs_ring *r)
 		int res = cqe->res;
 
 		io_uring_cqe_seen(&r->uring, cqe);
-		if (op)
+		if (op) {
+			SFS_TSAN_ACQUIRE(op);
 			sfs_ring_complete(op, res, op->write);
+		}
 	}
 	pthread_mutex_unlock(&r->cq_lock);
 }

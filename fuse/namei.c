@@ -214,13 +214,16 @@ int sfs_lookup_name(struct sfs_node *dir, const char *name,
 			if (!S_ISDIR(st.st_mode))
 				return 0;
 			ret = sfs_dir_is_opaque(f->upper, false);
-			if (ret != 0) {
-				f->opaque = ret > 0;
-				if (ret > 0)
-					ret = sfs_dir_is_impure(f->upper);
+			if (ret > 0) {
+				f->opaque = true;
+				ret = sfs_dir_is_impure(f->upper);
+				if (ret < 0)
+					goto out_err;
 				f->impure = ret > 0;
-				return ret < 0 ? ret : 0;
+				return 0;
 			}
+			if (ret < 0)
+				goto out_err;
 			ret = sfs_get_redirect(f->upper, &f->redirect);
 			if (ret == 0)
 				ret = sfs_dir_is_impure(f->upper);
@@ -420,5 +423,5 @@ void sfs_op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 		sfs_entry_reply(req, n);
 		sfs_node_release(n);
 	}
-	sfs_node_unpin(dir);
+	sfs_node_release(dir);
 }

@@ -290,7 +290,10 @@ static int sfs_dir_list_mode(struct sfs_node *dir, bool want_ino,
 
 	sfs_lock(&dir->lock);
 	l.impure = dir->di->impure;
-	/* d_ino 0 would make readdir(3) skip the entry */
+	/*
+	 * d_ino 0 would make readdir(3) skip the entry. dir->lock keeps the
+	 * parent: a rename swaps it, and drops the old one, under that lock.
+	 */
 	parent_ino = dir->parent ? dir->parent->ino : dir->ino;
 	sfs_unlock(&dir->lock);
 	ret = sfs_lister_push(&l, ".", dir->ino, DT_DIR);
@@ -559,13 +562,13 @@ static void sfs_do_readdir(fuse_req_t req, fuse_ino_t ino, size_t size,
 	/* the stream ends with an empty reply: keep the listing until then */
 	sfs_listing_keep(dir, l, rem < size);
 	sfs_listing_put(l);
-	sfs_node_unpin(dir);
+	sfs_node_release(dir);
 	fuse_reply_buf(req, buf, size - rem);
 	free(buf);
 	return;
 
 out_unpin:
-	sfs_node_unpin(dir);
+	sfs_node_release(dir);
 out_err:
 	free(buf);
 	sfs_reply_err(req, ret);
@@ -604,7 +607,7 @@ void sfs_op_fsyncdir(fuse_req_t req, fuse_ino_t ino, int datasync,
 		if (upper >= 0 &&
 		    (datasync ? fdatasync(upper) : fsync(upper)) < 0)
 			ret = -errno;
-		sfs_node_unpin(n);
+		sfs_node_release(n);
 	}
 	sfs_reply_err(req, ret);
 }

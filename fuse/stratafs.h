@@ -97,54 +97,80 @@ static inline void sfs_unlock(struct sfs_lock *l)
 
 /* What only a directory node has; in the node's own allocation. */
 struct sfs_dirinfo {
-	char *redirect;		/* absolute lower path of a moved dir */
-	int64_t subdirs;	/* merged dir: cached subdir count, -1 unknown */
+	char *redirect;		/* absolute lower path of a moved dir; n->lock */
+	int64_t subdirs;	/* merged dir: subdir count, -1 unknown; n->lock */
 	atomic_ulong gen;	/* bumped whenever an entry changes */
-	struct sfs_listing *listing;	/* kept while a stream reads */
-	bool opaque;		/* lower layers do not merge */
-	bool impure;		/* upper holds entries with an origin */
+	struct sfs_listing *listing;	/* kept while a stream reads; n->lock */
+	bool opaque;		/* lower layers do not merge; n->lock */
+	bool impure;		/* upper holds entries with an origin; n->lock */
 };
 
 /*
- * One allocation per node, sized to it (a big tree keeps one node per
- * entry in memory): the fixed part, the lower entries, the directory
- * part for a directory, then the name.
+ * A node is one inode of the merged view: one allocation, sized to it (a
+ * big tree keeps one node per entry in memory): the fixed part, the
+ * lower entries, the directory part for a directory, then the name.
+ *
+ * Lifetime. refs counts every holder: each lookup the kernel was told of
+ * (a LOOKUP, CREATE, MKNOD... reply or a READDIRPLUS entry, until its
+ * FORGET), each child whose ->parent it is, each open file handle, and
+ * each thread using it. The node is freed when refs reaches zero, and
+ * its reference on its parent is dropped then. Rules:
+ *  - A request's node id is backed by the kernel's lookups only until
+ *    the reply is sent: a FORGET on another thread may follow at once.
+ *    So a handler takes its own reference (sfs_node_get_pinned) and
+ *    drops it last (sfs_node_release), never between reply and return.
+ *  - A pointer read from another node (->parent) is used only under
+ *    that node's lock or after taking a reference under it
+ *    (sfs_node_get_parent): a rename swaps ->parent and drops the old one.
+ *  - The table hands out references only to nodes whose count is not
+ *    zero (sfs_node_tryget): a node at zero is already being freed.
+ *  - busy (pins) is not a reference: it only keeps the descriptors open
+ *    (parking, below); every pin is taken under a reference.
+ *
+ * Locks, in the order they are taken:
+ *   n->lock (a child's before its parent's, never two unrelated nodes)
+ *     -> fs->table_lock -> fs->handles_lock
+ * evict_lock is only ever try-locked; the evictor try-locks n->lock
+ * while holding table_lock, which is why it must never block on it.
+ *
+ * Which field is guarded by what is noted at each: "table" is
+ * fs->table_lock, "lock" is n->lock, "const" never changes after the
+ * node is in the table, and atomics need no lock.
  */
 struct sfs_node {
-	uint64_t ino;		/* st_ino we report: stable, unique */
-	struct sfs_node *hnext;	/* hash chain, under fs->table_lock */
-	uint64_t nlookup;	/* kernel references, under table_lock */
-	struct sfs_node *parent;	/* referenced; NULL for root */
-	char *name;		/* the inline copy, or one a rename allocated */
-	struct sfs_dirinfo *di;	/* directories only, else NULL */
-	uint32_t refs;		/* our references, under table_lock */
-	int32_t index_nlink;	/* indexed: visible names, -1 not loaded */
+	uint64_t ino;		/* const: the st_ino we report */
+	struct sfs_node *hnext;	/* table: hash chain */
+	_Atomic uint64_t refs;		/* holders, as above */
+	struct sfs_node *parent;	/* lock; referenced; NULL for root */
+	char *name;		/* lock: the inline copy, or one a rename made */
+	struct sfs_dirinfo *di;	/* const: directories only, else NULL */
+	int32_t index_nlink;	/* lock: indexed, visible names; -1 unknown */
 	/*
 	 * Descriptors are valid while the node is pinned (sfs_node_pin): an
 	 * idle node may be parked, its descriptors closed and reopened from
 	 * file handles on the next pin, so a tree of any size fits under the
-	 * open-file limit.
+	 * open-file limit. Park and unpark run under n->lock.
 	 */
 	atomic_int busy;	/* pins: operations using the descriptors */
 	atomic_int nopen;	/* open file handles */
-	struct sfs_lock lock;	/* guards everything below, and di */
-	mode_t type;		/* S_IFMT bits */
-	bool unhashed;		/* never found by number again, under table_lock */
-	atomic_bool has_upper;	/* set once, at lookup or copy-up */
+	struct sfs_lock lock;
+	mode_t type;		/* const: S_IFMT bits */
+	bool unhashed;		/* table: never found by number again */
+	atomic_bool has_upper;	/* set once, at lookup or copy-up, after up */
 	atomic_bool parked;
 	atomic_bool used;	/* eviction's clock bit */
-	bool no_park;		/* a layer without file handles */
+	bool no_park;		/* evictor only: a layer without file handles */
 	atomic_bool nosec;	/* no setuid/setgid/capability to drop on write */
-	bool stale;		/* unlinked and its data released */
-	bool has_origin;	/* upper copy records the lower's inode number */
-	bool indexed;		/* upper data lives in the hardlink index */
-	bool unlinked;		/* no name left in the view */
-	bool pass_used;		/* passthrough since the last cached open */
-	uint8_t nlower;
-	int32_t backing;	/* passthrough backing id while npass */
-	uint32_t npass;		/* open passthrough handles */
+	atomic_bool stale;	/* unlinked and its data released */
+	atomic_bool has_origin;	/* upper copy records the lower's inode number */
+	atomic_bool indexed;	/* upper data lives in the hardlink index */
+	atomic_bool unlinked;	/* no name left in the view */
+	bool pass_used;		/* lock: passthrough since the last cached open */
+	uint8_t nlower;		/* const */
+	int32_t backing;	/* lock: passthrough backing id while npass */
+	uint32_t npass;		/* lock: open passthrough handles */
 	struct sfs_entry up;	/* the upper entry, once has_upper */
-	struct sfs_entry lower[];	/* nlower entries */
+	struct sfs_entry lower[];	/* const count: nlower entries */
 };
 
 /*
@@ -182,7 +208,7 @@ struct sfs_fs {
 	pthread_mutex_t handles_lock;
 	struct sfs_hlink files;	/* list head */
 
-	pthread_mutex_t table_lock;
+	pthread_mutex_t table_lock;	/* the table, and each node's hnext */
 	struct sfs_node **table;
 	size_t table_size;
 	size_t table_count;
@@ -244,6 +270,25 @@ struct sfs_found {
 
 extern struct sfs_fs *sfs;
 
+/*
+ * ThreadSanitizer sees no ordering through the kernel. Between a reply
+ * and the request it makes possible (a FORGET after the LOOKUP reply,
+ * a RELEASE after the last READ) it sees the write(2) and read(2) on
+ * /dev/fuse, which order them for it; so a TSan build receives with
+ * read(2), not splice(2) (super.c). What it cannot see at all is an
+ * io_uring op going in on one thread and completing on another: the
+ * submitter releases the op, the completion acquires it (io.c).
+ */
+#ifdef STRATA_TSAN
+void __tsan_acquire(void *addr);
+void __tsan_release(void *addr);
+#define SFS_TSAN_RELEASE(p) __tsan_release(p)
+#define SFS_TSAN_ACQUIRE(p) __tsan_acquire(p)
+#else
+#define SFS_TSAN_RELEASE(p) ((void)(p))
+#define SFS_TSAN_ACQUIRE(p) ((void)(p))
+#endif
+
 static inline bool sfs_has_upper(void)
 {
 	return sfs->upper.fd >= 0;
@@ -296,6 +341,7 @@ void sfs_node_unref(struct sfs_node *n);
 int sfs_node_pin(struct sfs_node *n);
 void sfs_node_unpin(struct sfs_node *n);
 int sfs_node_get_pinned(fuse_ino_t nodeid, struct sfs_node **out);
+struct sfs_node *sfs_node_get_parent(struct sfs_node *n, int *err);
 void sfs_node_release(struct sfs_node *n);
 void sfs_node_set_upper(struct sfs_node *n, int fd);
 void sfs_fd_budget_init(void);
@@ -445,7 +491,6 @@ int sfs_handshake(struct fuse_session *se);
 /* io.c: all file data moves through here */
 int sfs_io_init(const char *engine);
 void sfs_io_shutdown(void);
-bool sfs_io_is_uring(void);
 void sfs_io_read(fuse_req_t req, int fd, size_t size, off_t off);
 void sfs_io_write(fuse_req_t req, int fd, struct fuse_bufvec *in, off_t off);
 void sfs_io_copy_file(fuse_req_t req, int in, off_t off_in, int out,
@@ -479,7 +524,6 @@ int sfs_rename(int olddir, const char *old, int newdir, const char *new,
 int sfs_unlinkat(int dirfd, const char *name, int flags);
 int sfs_errno(int ret);
 void sfs_reply_err(fuse_req_t req, int ret);
-int sfs_set_owner(int dirfd, const char *name, uid_t uid, gid_t gid);
 void sfs_req_owner(fuse_req_t req, struct sfs_node *dir, mode_t *mode,
 		   uid_t *uid, gid_t *gid);
 

@@ -170,7 +170,7 @@ static int sfs_setup_root(struct sfs_fs *fs)
 	if (!r)
 		return -ENOMEM;
 	fs->root = r;
-	r->nlookup = 1;
+	atomic_init(&r->refs, 1);	/* the kernel's, never forgotten */
 	/* teardown closes them all, also after a failure half way */
 	for (int i = 0; i < fs->nlower; i++)
 		r->lower[i].fd = -1;
@@ -355,10 +355,16 @@ static void sfs_op_init(void *userdata, struct fuse_conn_info *conn)
 		sfs->dir_cache = (conn->capable & FUSE_CAP_NO_OPENDIR_SUPPORT) ?
 					 SFS_DIR_CACHE_NO_OPENDIR :
 					 SFS_DIR_CACHE_ON;
+#ifdef STRATA_TSAN
+	/* read(2) and write(2) on /dev/fuse order requests for TSan */
+	conn->want &= ~(FUSE_CAP_SPLICE_READ | FUSE_CAP_SPLICE_WRITE |
+			FUSE_CAP_SPLICE_MOVE);
+#else
 	if (conn->capable & FUSE_CAP_SPLICE_WRITE)
 		conn->want |= FUSE_CAP_SPLICE_WRITE;
 	if (conn->capable & FUSE_CAP_SPLICE_READ)
 		conn->want |= FUSE_CAP_SPLICE_READ;
+#endif
 }
 
 const struct fuse_lowlevel_ops sfs_ops = {

@@ -76,13 +76,6 @@ void sfs_reply_err(fuse_req_t req, int ret)
 	fuse_reply_err(req, sfs_errno(ret));
 }
 
-int sfs_set_owner(int dirfd, const char *name, uid_t uid, gid_t gid)
-{
-	if (fchownat(dirfd, name, uid, gid, AT_SYMLINK_NOFOLLOW) < 0)
-		return -errno;
-	return 0;
-}
-
 /*
  * The owner a new entry gets: the caller's fsuid, and the directory's
  * group when the directory is setgid (which new subdirectories inherit).

@@ -55,15 +55,9 @@ static int sfs_xpath_lower_symlink(struct sfs_xpath *x, struct sfs_node *n)
 	struct sfs_node *parent;
 	int ret;
 
-	sfs_lock(&n->lock);
-	parent = n->parent;
-	sfs_node_ref(parent);
-	sfs_unlock(&n->lock);
-	ret = sfs_node_pin(parent);
-	if (ret < 0) {
-		sfs_node_unref(parent);
-		return ret;
-	}
+	parent = sfs_node_get_parent(n, &ret);
+	if (!parent)	/* a symlink is never the root */
+		return ret < 0 ? ret : -ESTALE;
 	sfs_lock(&n->lock);
 	ret = n->parent == parent ? sfs_xpath_lower_name(x, parent, n) : -ESTALE;
 	sfs_unlock(&n->lock);
@@ -330,7 +324,7 @@ void sfs_op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
 	atomic_store(&n->nosec, false);	/* it may be a capability */
 	if (ret == 0)
 		ret = sfs_node_xattr_set(n, name, value, size, flags);
-	sfs_node_unpin(n);
+	sfs_node_release(n);
 out:
 	sfs_reply_err(req, ret);
 }
@@ -355,7 +349,7 @@ void sfs_op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
 	ret = sfs_node_get_pinned(ino, &n);
 	if (ret == 0) {
 		ret = sfs_node_xattr_get(n, name, buf, size);
-		sfs_node_unpin(n);
+		sfs_node_release(n);
 	}
 	if (ret < 0)
 		sfs_reply_err(req, ret);
@@ -375,7 +369,7 @@ void sfs_op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
 	sfs_count(STRATA_ST_LISTXATTR, 1);
 	if (len == 0) {
 		len = sfs_node_xattr(n, sfs_xattr_list_op, &a);
-		sfs_node_unpin(n);
+		sfs_node_release(n);
 	}
 	if (len < 0)
 		sfs_reply_err(req, len);
@@ -409,7 +403,7 @@ void sfs_op_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name)
 		ret = sfs_copy_up(n);
 	if (ret == 0)
 		ret = sfs_node_xattr(n, sfs_xattr_remove_op, &a);
-	sfs_node_unpin(n);
+	sfs_node_release(n);
 out:
 	sfs_reply_err(req, ret);
 }

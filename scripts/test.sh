@@ -2,7 +2,8 @@
 # The whole test suite: unit programs, the integration suite over real
 # mounts (kernel overlayfs as the oracle, stratafs as built), the CSI
 # plugin suite over a real socket, and the same again on an
-# AddressSanitizer+UBSan build. Ends with one line
+# AddressSanitizer+UBSan build, and the race suite on a ThreadSanitizer
+# build, two copies at once. Ends with one line
 # "N passed, N failed".
 #
 #   scripts/test.sh               everything
@@ -79,6 +80,30 @@ run_integration() {
 	count_junit "$results/$name.xml"
 }
 
+# Runs two copies of the race suite at once against one stratafs binary:
+# on 2 cores that is what makes timing-dependent bugs show.
+run_race_pair() {
+	local name=$1 bin=$2 i
+	echo "== races, two copies at once ($name)"
+	for i in 1 2; do
+		(cd tests/integration &&
+			STRATAFS="$bin" /usr/bin/python3 -m pytest -q \
+				--basetemp="$results/$name-$i" \
+				--junitxml="$results/$name-$i.xml" \
+				test_races.py test_concurrency.py \
+				>"$results/$name-$i.log" 2>&1) &
+	done
+	wait
+	for i in 1 2; do
+		if grep -qE "[0-9]+ (failed|error)" "$results/$name-$i.log"; then
+			cat "$results/$name-$i.log"
+		else
+			tail -n 1 "$results/$name-$i.log"
+		fi
+		count_junit "$results/$name-$i.xml"
+	done
+}
+
 # Runs the CSI plugin suite against one build directory's programs.
 run_csi() {
 	local name=$1 dir=$2
@@ -129,6 +154,18 @@ if [ "$quick" -eq 0 ]; then
 		# cannot run an ASan binary: stratafs tests only, valgrind aside.
 		run_integration asan "$top/build-asan/stratafs" -m stratafs -k "not valgrind"
 		run_csi csi-asan "$top/build-asan" -k "not valgrind"
+		run_race_pair races-asan "$top/build-asan/stratafs"
+	else
+		failed=$((failed + 1))
+	fi
+	echo "== build (ThreadSanitizer)"
+	if scripts/build.sh build-tsan --enable-tsan; then
+		# The kernel orders every FUSE request after the replies it
+		# depends on; io_sync=2 tells TSan that I/O orders threads.
+		export TSAN_OPTIONS="halt_on_error=0 io_sync=2"
+		run_race_pair races-tsan "$top/build-tsan/stratafs"
+		run_integration tsan "$top/build-tsan/stratafs" -m stratafs \
+			-k "not valgrind and not memory"
 	else
 		failed=$((failed + 1))
 	fi

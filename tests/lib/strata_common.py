@@ -31,7 +31,8 @@ def program(env, hint=""):
     return path
 
 
-SANITIZER_MARKERS = ("AddressSanitizer", "runtime error:", "LeakSanitizer")
+SANITIZER_MARKERS = ("AddressSanitizer", "runtime error:", "LeakSanitizer",
+                     "ThreadSanitizer")
 
 
 def is_sanitizer_build(binary):
