@@ -15,6 +15,7 @@
  * a protobuf-c message to free with protobuf_c_message_free_unpacked().
  */
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,39 +37,6 @@ struct csi_client {
 	grpc_channel *channel;
 	char *target; /* the endpoint as gRPC takes it: "unix:/abs" */
 };
-
-/*
- * "NOT_FOUND": a status code as gRPC spells it. It lives here, in
- * libcsiwire, because both sides need it: stratactl, which links only the
- * wire, prints the codes it gets, and the plugin (libcsi links libcsiwire)
- * logs and counts the codes it sends.
- */
-const char *csi_code_name(grpc_status_code code)
-{
-	static const char *const names[] = {
-		[GRPC_STATUS_OK] = "OK",
-		[GRPC_STATUS_CANCELLED] = "CANCELLED",
-		[GRPC_STATUS_UNKNOWN] = "UNKNOWN",
-		[GRPC_STATUS_INVALID_ARGUMENT] = "INVALID_ARGUMENT",
-		[GRPC_STATUS_DEADLINE_EXCEEDED] = "DEADLINE_EXCEEDED",
-		[GRPC_STATUS_NOT_FOUND] = "NOT_FOUND",
-		[GRPC_STATUS_ALREADY_EXISTS] = "ALREADY_EXISTS",
-		[GRPC_STATUS_PERMISSION_DENIED] = "PERMISSION_DENIED",
-		[GRPC_STATUS_RESOURCE_EXHAUSTED] = "RESOURCE_EXHAUSTED",
-		[GRPC_STATUS_FAILED_PRECONDITION] = "FAILED_PRECONDITION",
-		[GRPC_STATUS_ABORTED] = "ABORTED",
-		[GRPC_STATUS_OUT_OF_RANGE] = "OUT_OF_RANGE",
-		[GRPC_STATUS_UNIMPLEMENTED] = "UNIMPLEMENTED",
-		[GRPC_STATUS_INTERNAL] = "INTERNAL",
-		[GRPC_STATUS_UNAVAILABLE] = "UNAVAILABLE",
-		[GRPC_STATUS_DATA_LOSS] = "DATA_LOSS",
-		[GRPC_STATUS_UNAUTHENTICATED] = "UNAUTHENTICATED",
-	};
-
-	if ((unsigned)code < sizeof(names) / sizeof(names[0]) && names[code])
-		return names[code];
-	return "UNKNOWN";
-}
 
 /*
  * "unix:///abs" and "unix:/abs" are what gRPC resolves; a bare "/abs" it
@@ -165,158 +133,186 @@ static int csi_client_set_details(char **details, const char *text, size_t len)
 	return *details ? 0 : -ENOMEM;
 }
 
-int csi_client_call(struct csi_client *c, const char *method,
-		    const ProtobufCMessage *req,
-		    const ProtobufCMessageDescriptor *out_desc,
-		    ProtobufCMessage **out, grpc_status_code *code,
-		    char **details, int timeout_ms)
-{
+/* One call's gRPC state, from the packed request to the status. */
+struct csi_client_rpc {
 	grpc_metadata_array initial_md, trailing_md;
-	grpc_byte_buffer *send_buf = NULL, *recv_buf = NULL;
-	grpc_slice status_details = grpc_empty_slice();
-	grpc_status_code status = GRPC_STATUS_UNKNOWN;
-	const char *error_string = NULL;
-	grpc_completion_queue *cq = NULL;
-	grpc_call *call = NULL;
-	gpr_timespec deadline;
-	grpc_op ops[6], *op;
-	grpc_call_error err;
-	grpc_event ev;
-	uint8_t *packed = NULL;
-	size_t len;
-	grpc_slice slice;
-	int ret;
+	grpc_byte_buffer *send_buf, *recv_buf;
+	grpc_slice status_details;
+	grpc_status_code status;
+	const char *error_string;
+	grpc_completion_queue *cq;
+	grpc_call *call;
+};
 
-	*out = NULL;
-	*code = GRPC_STATUS_UNKNOWN;
-	*details = NULL;
-	grpc_metadata_array_init(&initial_md);
-	grpc_metadata_array_init(&trailing_md);
+static void csi_client_rpc_init(struct csi_client_rpc *rpc)
+{
+	memset(rpc, 0, sizeof(*rpc));
+	rpc->status_details = grpc_empty_slice();
+	rpc->status = GRPC_STATUS_UNKNOWN;
+	grpc_metadata_array_init(&rpc->initial_md);
+	grpc_metadata_array_init(&rpc->trailing_md);
+}
 
-	len = protobuf_c_message_get_packed_size(req);
-	packed = malloc(len ? len : 1);
-	if (!packed) {
-		ret = -ENOMEM;
-		goto out;
+static void csi_client_rpc_destroy(struct csi_client_rpc *rpc)
+{
+	if (rpc->call)
+		grpc_call_unref(rpc->call);
+	if (rpc->cq) {
+		/* A pluck queue says it is drained by returning SHUTDOWN. */
+		grpc_completion_queue_shutdown(rpc->cq);
+		while (grpc_completion_queue_pluck(
+			       rpc->cq, NULL, gpr_inf_future(GPR_CLOCK_REALTIME),
+			       NULL).type != GRPC_QUEUE_SHUTDOWN)
+			;
+		grpc_completion_queue_destroy(rpc->cq);
 	}
+	if (rpc->error_string)
+		gpr_free((void *)rpc->error_string);
+	grpc_slice_unref(rpc->status_details);
+	grpc_metadata_array_destroy(&rpc->initial_md);
+	grpc_metadata_array_destroy(&rpc->trailing_md);
+	if (rpc->recv_buf)
+		grpc_byte_buffer_destroy(rpc->recv_buf);
+	if (rpc->send_buf)
+		grpc_byte_buffer_destroy(rpc->send_buf);
+}
+
+static int csi_client_pack(struct csi_client_rpc *rpc,
+			   const ProtobufCMessage *req)
+{
+	size_t len = protobuf_c_message_get_packed_size(req);
+	uint8_t *packed = malloc(len ? len : 1);
+	grpc_slice slice;
+
+	if (!packed)
+		return -ENOMEM;
 	protobuf_c_message_pack(req, packed);
-	/* The slice takes its own copy, so `packed` stays ours to free. */
+	/* The slice takes its own copy. */
 	slice = grpc_slice_from_copied_buffer((const char *)packed, len);
-	send_buf = grpc_raw_byte_buffer_create(&slice, 1);
+	free(packed);
+	rpc->send_buf = grpc_raw_byte_buffer_create(&slice, 1);
 	grpc_slice_unref(slice);
+	return 0;
+}
+
+/* Sends the request and waits for the status, within the deadline. */
+static int csi_client_exchange(struct csi_client *c, struct csi_client_rpc *rpc,
+			       const char *method, int timeout_ms)
+{
+	gpr_timespec deadline = gpr_inf_future(GPR_CLOCK_MONOTONIC);
+	grpc_op ops[6], *op = ops;
+	grpc_event ev;
 
 	if (timeout_ms > 0)
 		deadline = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
 					gpr_time_from_millis(timeout_ms,
 							     GPR_TIMESPAN));
-	else
-		deadline = gpr_inf_future(GPR_CLOCK_MONOTONIC);
-
-	cq = grpc_completion_queue_create_for_pluck(NULL);
-	if (!cq) {
-		ret = -ENOMEM;
-		goto out;
-	}
-	call = grpc_channel_create_call(c->channel, NULL,
-					GRPC_PROPAGATE_DEFAULTS, cq,
-					grpc_slice_from_static_string(method),
-					NULL, deadline, NULL);
-	if (!call) {
-		ret = -EINVAL;
-		goto out;
-	}
+	rpc->cq = grpc_completion_queue_create_for_pluck(NULL);
+	if (!rpc->cq)
+		return -ENOMEM;
+	rpc->call = grpc_channel_create_call(c->channel, NULL,
+					     GRPC_PROPAGATE_DEFAULTS, rpc->cq,
+					     grpc_slice_from_static_string(method),
+					     NULL, deadline, NULL);
+	if (!rpc->call)
+		return -EINVAL;
 
 	memset(ops, 0, sizeof(ops));
-	op = ops;
-	op->op = GRPC_OP_SEND_INITIAL_METADATA;
-	op->data.send_initial_metadata.count = 0;
-	op++;
+	(op++)->op = GRPC_OP_SEND_INITIAL_METADATA;
 	op->op = GRPC_OP_SEND_MESSAGE;
-	op->data.send_message.send_message = send_buf;
-	op++;
-	op->op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
-	op++;
+	(op++)->data.send_message.send_message = rpc->send_buf;
+	(op++)->op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
 	op->op = GRPC_OP_RECV_INITIAL_METADATA;
-	op->data.recv_initial_metadata.recv_initial_metadata = &initial_md;
-	op++;
+	(op++)->data.recv_initial_metadata.recv_initial_metadata = &rpc->initial_md;
 	op->op = GRPC_OP_RECV_MESSAGE;
-	op->data.recv_message.recv_message = &recv_buf;
-	op++;
+	(op++)->data.recv_message.recv_message = &rpc->recv_buf;
 	op->op = GRPC_OP_RECV_STATUS_ON_CLIENT;
-	op->data.recv_status_on_client.trailing_metadata = &trailing_md;
-	op->data.recv_status_on_client.status = &status;
-	op->data.recv_status_on_client.status_details = &status_details;
-	op->data.recv_status_on_client.error_string = &error_string;
-	op++;
+	op->data.recv_status_on_client.trailing_metadata = &rpc->trailing_md;
+	op->data.recv_status_on_client.status = &rpc->status;
+	op->data.recv_status_on_client.status_details = &rpc->status_details;
+	(op++)->data.recv_status_on_client.error_string = &rpc->error_string;
 
-	err = grpc_call_start_batch(call, ops, (size_t)(op - ops), call, NULL);
-	if (err != GRPC_CALL_OK) {
-		ret = -EIO;
-		goto out;
-	}
+	if (grpc_call_start_batch(rpc->call, ops, (size_t)(op - ops), rpc->call,
+				  NULL) != GRPC_CALL_OK)
+		return -EIO;
 	/* The call's deadline bounds this wait: the batch always completes. */
-	ev = grpc_completion_queue_pluck(cq, call,
+	ev = grpc_completion_queue_pluck(rpc->cq, rpc->call,
 					 gpr_inf_future(GPR_CLOCK_REALTIME),
 					 NULL);
-	if (ev.type != GRPC_OP_COMPLETE || !ev.success) {
-		ret = -EIO;
-		goto out;
-	}
+	return ev.type == GRPC_OP_COMPLETE && ev.success ? 0 : -EIO;
+}
 
-	*code = status;
-	if (status != GRPC_STATUS_OK) {
-		ret = csi_client_set_details(
-			details, (const char *)GRPC_SLICE_START_PTR(status_details),
-			GRPC_SLICE_LENGTH(status_details));
-		goto out;
+/* A broken server's answer becomes INTERNAL with details saying why. */
+static int csi_client_broken(enum csi_code *code, char **details,
+			     const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+static int csi_client_broken(enum csi_code *code, char **details,
+			     const char *fmt, ...)
+{
+	va_list ap;
+	int n;
+
+	*code = CSI_INTERNAL;
+	va_start(ap, fmt);
+	n = vasprintf(details, fmt, ap);
+	va_end(ap);
+	if (n < 0) {
+		*details = NULL;
+		return -ENOMEM;
 	}
+	return 0;
+}
+
+/* The status, its details, and on OK the unpacked reply. */
+static int csi_client_result(struct csi_client_rpc *rpc, const char *method,
+			     const ProtobufCMessageDescriptor *out_desc,
+			     ProtobufCMessage **out, enum csi_code *code,
+			     char **details)
+{
+	size_t len;
+
+	/* Our codes are gRPC's, numbered alike (csi.h). */
+	*code = (unsigned)rpc->status < CSI_CODE_COUNT ?
+			(enum csi_code)rpc->status : CSI_UNKNOWN;
+	if (*code != CSI_OK)
+		return csi_client_set_details(
+			details,
+			(const char *)GRPC_SLICE_START_PTR(rpc->status_details),
+			GRPC_SLICE_LENGTH(rpc->status_details));
 	/* OK with no message, or one that is not the reply: a broken server. */
-	if (!recv_buf) {
-		*code = GRPC_STATUS_INTERNAL;
-		ret = -ENOMEM;
-		if (asprintf(details, "%s answered OK without a reply message",
-			     method) >= 0)
-			ret = 0;
-		else
-			*details = NULL;
-		goto out;
-	}
-	*out = csi_client_unpack(recv_buf, out_desc, &len);
-	if (!*out) {
-		*code = GRPC_STATUS_INTERNAL;
-		ret = -ENOMEM;
-		if (asprintf(details,
-			     "%s: the reply (%zu bytes) does not unpack as %s",
-			     method, len, out_desc->name) >= 0)
-			ret = 0;
-		else
-			*details = NULL;
-		goto out;
-	}
-	ret = 0;
+	if (!rpc->recv_buf)
+		return csi_client_broken(code, details,
+					 "%s answered OK without a reply message",
+					 method);
+	*out = csi_client_unpack(rpc->recv_buf, out_desc, &len);
+	if (!*out)
+		return csi_client_broken(code, details,
+					 "%s: the reply (%zu bytes) does not unpack as %s",
+					 method, len, out_desc->name);
+	return 0;
+}
 
-out:
-	if (call)
-		grpc_call_unref(call);
-	if (cq) {
-		/* A pluck queue says it is drained by returning SHUTDOWN. */
-		grpc_completion_queue_shutdown(cq);
-		while (grpc_completion_queue_pluck(
-			       cq, NULL, gpr_inf_future(GPR_CLOCK_REALTIME),
-			       NULL).type != GRPC_QUEUE_SHUTDOWN)
-			;
-		grpc_completion_queue_destroy(cq);
-	}
-	if (error_string)
-		gpr_free((void *)error_string);
-	grpc_slice_unref(status_details);
-	grpc_metadata_array_destroy(&initial_md);
-	grpc_metadata_array_destroy(&trailing_md);
-	if (recv_buf)
-		grpc_byte_buffer_destroy(recv_buf);
-	if (send_buf)
-		grpc_byte_buffer_destroy(send_buf);
-	free(packed);
+int csi_client_call(struct csi_client *c, const char *method,
+		    const ProtobufCMessage *req,
+		    const ProtobufCMessageDescriptor *out_desc,
+		    ProtobufCMessage **out, enum csi_code *code,
+		    char **details, int timeout_ms)
+{
+	struct csi_client_rpc rpc;
+	int ret;
+
+	*out = NULL;
+	*code = CSI_UNKNOWN;
+	*details = NULL;
+	csi_client_rpc_init(&rpc);
+	ret = csi_client_pack(&rpc, req);
+	if (ret == 0)
+		ret = csi_client_exchange(c, &rpc, method, timeout_ms);
+	if (ret == 0)
+		ret = csi_client_result(&rpc, method, out_desc, out, code,
+					details);
+	csi_client_rpc_destroy(&rpc);
 	return ret;
 }
 

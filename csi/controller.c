@@ -159,16 +159,117 @@ static int csi_params_check(struct csi_plugin *p, struct csi_volume *v,
 	return 0;
 }
 
-static bool csi_same_volume(const struct csi_volume *a,
-			    const struct csi_volume *b)
+/*
+ * An existing volume answers a repeated CreateVolume when it is what the
+ * request asks for: the same layers and passthrough, and a capacity
+ * inside the requested range (the spec: "compatible with the specified
+ * capacity_range"), not necessarily the same number.
+ */
+static bool csi_volume_compatible(const struct csi_volume *want,
+				  const struct csi_volume *have,
+				  const Csi__V1__CapacityRange *cr)
 {
-	if (a->capacity != b->capacity || a->nlayers != b->nlayers ||
-	    a->passthrough != b->passthrough)
+	if (want->nlayers != have->nlayers ||
+	    want->passthrough != have->passthrough)
 		return false;
-	for (int i = 0; i < a->nlayers; i++)
-		if (strcmp(a->layers[i], b->layers[i]))
+	for (int i = 0; i < want->nlayers; i++)
+		if (strcmp(want->layers[i], have->layers[i]))
 			return false;
+	if (!cr)
+		return true;
+	if (cr->required_bytes && have->capacity &&
+	    have->capacity < cr->required_bytes)
+		return false;
+	/* no capacity means unlimited: more than any limit */
+	if (cr->limit_bytes && (!have->capacity || have->capacity > cr->limit_bytes))
+		return false;
 	return true;
+}
+
+/* The request alone: name, capabilities, source, range, topology. */
+static int csi_create_check(struct csi_plugin *p, struct csi_reply *r,
+			    const Csi__V1__CreateVolumeRequest *req)
+{
+	const Csi__V1__CapacityRange *cr = req->capacity_range;
+	const Csi__V1__TopologyRequirement *t = req->accessibility_requirements;
+	char why[384];
+	bool ok = false;
+
+	if (csi_name_check(req->name, why, sizeof(why)) ||
+	    csi_caps_check(req->volume_capabilities,
+			   req->n_volume_capabilities, why, sizeof(why))) {
+		csi_reply_set(r, CSI_INVALID_ARGUMENT, "%s", why);
+		return -EINVAL;
+	}
+	if (req->volume_content_source) {
+		csi_reply_set(r, CSI_INVALID_ARGUMENT,
+			      "volume_content_source is not supported: Strata neither clones volumes nor restores snapshots");
+		return -EINVAL;
+	}
+	if (cr && (cr->required_bytes < 0 || cr->limit_bytes < 0)) {
+		csi_reply_set(r, CSI_INVALID_ARGUMENT,
+			      "capacity_range must not be negative");
+		return -EINVAL;
+	}
+	if (cr && cr->limit_bytes && cr->required_bytes > cr->limit_bytes) {
+		csi_reply_set(r, CSI_OUT_OF_RANGE,
+			      "capacity_range: required_bytes %lld exceeds limit_bytes %lld",
+			      (long long)cr->required_bytes,
+			      (long long)cr->limit_bytes);
+		return -ERANGE;
+	}
+	if (!t || !t->n_requisite)
+		return 0;
+	for (size_t i = 0; i < t->n_requisite && !ok; i++)
+		ok = csi_topo_matches(t->requisite[i], p);
+	if (!ok) {
+		csi_reply_set(r, CSI_RESOURCE_EXHAUSTED,
+			      "no requisite topology names this node (%s=%s)",
+			      p->topology_key, p->cfg.node_id);
+		return -ENOSPC;
+	}
+	return 0;
+}
+
+/* A new volume in the store; the caller holds create_lock. */
+static int csi_create_new(struct csi_plugin *p, struct csi_reply *r,
+			  const char *name, struct csi_volume *want)
+{
+	int64_t avail = csi_store_free(&p->store);
+	int ret;
+
+	if (avail >= 0 && want->capacity > avail) {
+		csi_reply_set(r, CSI_OUT_OF_RANGE,
+			      "capacity %lld bytes exceeds the %lld bytes free in the store",
+			      (long long)want->capacity, (long long)avail);
+		return -ERANGE;
+	}
+	want->name = strdup(name);
+	ret = want->name ? csi_volume_new_id(want->id) : -ENOMEM;
+	if (!ret)
+		ret = csi_volume_create(&p->store, want);
+	if (ret) {
+		csi_reply_errno(r, ret, "creating the volume");
+		return ret;
+	}
+	strata_info("volume %s created for '%s'", want->id, name);
+	return 0;
+}
+
+static void csi_create_reply(struct csi_plugin *p, struct csi_reply *r,
+			     const struct csi_volume *v)
+{
+	Csi__V1__CreateVolumeResponse *out = csi_alloc(r, sizeof(*out));
+
+	csi_reply_volume(r, v->id);
+	if (out) {
+		csi__v1__create_volume_response__init(out);
+		out->volume = csi_volume_msg(p, r, v);
+	}
+	if (!out || !out->volume)
+		csi_reply_errno(r, -ENOMEM, "CreateVolume");
+	else
+		csi_reply_ok(r, out);
 }
 
 static void csi_create_volume(struct csi_plugin *p, const ProtobufCMessage *msg,
@@ -176,54 +277,17 @@ static void csi_create_volume(struct csi_plugin *p, const ProtobufCMessage *msg,
 {
 	const Csi__V1__CreateVolumeRequest *req = (const void *)msg;
 	const Csi__V1__CapacityRange *cr = req->capacity_range;
-	Csi__V1__CreateVolumeResponse *out;
 	struct csi_volume want = { 0 }, have = { 0 };
-	int64_t avail;
 	char why[384];
 	int ret;
 
-	if (csi_name_check(req->name, why, sizeof(why)) ||
-	    csi_caps_check(req->volume_capabilities,
-			   req->n_volume_capabilities, why, sizeof(why))) {
-		csi_reply_set(r, GRPC_STATUS_INVALID_ARGUMENT, "%s", why);
+	if (csi_create_check(p, r, req))
 		return;
-	}
-	if (req->volume_content_source) {
-		csi_reply_set(r, GRPC_STATUS_INVALID_ARGUMENT,
-			      "volume_content_source is not supported: Strata neither clones volumes nor restores snapshots");
-		return;
-	}
-	if (cr && (cr->required_bytes < 0 || cr->limit_bytes < 0)) {
-		csi_reply_set(r, GRPC_STATUS_INVALID_ARGUMENT,
-			      "capacity_range must not be negative");
-		return;
-	}
-	if (cr && cr->limit_bytes && cr->required_bytes > cr->limit_bytes) {
-		csi_reply_set(r, GRPC_STATUS_OUT_OF_RANGE,
-			      "capacity_range: required_bytes %lld exceeds limit_bytes %lld",
-			      (long long)cr->required_bytes,
-			      (long long)cr->limit_bytes);
-		return;
-	}
-	if (req->accessibility_requirements &&
-	    req->accessibility_requirements->n_requisite) {
-		const Csi__V1__TopologyRequirement *t = req->accessibility_requirements;
-		bool ok = false;
-
-		for (size_t i = 0; i < t->n_requisite && !ok; i++)
-			ok = csi_topo_matches(t->requisite[i], p);
-		if (!ok) {
-			csi_reply_set(r, GRPC_STATUS_RESOURCE_EXHAUSTED,
-				      "no requisite topology names this node (%s=%s)",
-				      p->topology_key, p->cfg.node_id);
-			return;
-		}
-	}
 	want.capacity = cr ? (cr->required_bytes ? cr->required_bytes : cr->limit_bytes) : 0;
 	ret = csi_params_check(p, &want, req, why, sizeof(why));
 	if (ret) {
 		if (ret == -EINVAL)
-			csi_reply_set(r, GRPC_STATUS_INVALID_ARGUMENT, "%s", why);
+			csi_reply_set(r, CSI_INVALID_ARGUMENT, "%s", why);
 		else
 			csi_reply_errno(r, ret, "parameters");
 		goto out;
@@ -231,51 +295,18 @@ static void csi_create_volume(struct csi_plugin *p, const ProtobufCMessage *msg,
 
 	pthread_mutex_lock(&p->store.create_lock);
 	ret = csi_volume_find(&p->store, req->name, false, &have);
-	if (ret == 0) {
+	if (ret == 0 && csi_volume_compatible(&want, &have, cr)) {
+		csi_create_reply(p, r, &have);
+	} else if (ret == 0) {
 		csi_reply_volume(r, have.id);
-		if (!csi_same_volume(&want, &have)) {
-			csi_reply_set(r, GRPC_STATUS_ALREADY_EXISTS,
-				      "volume '%.128s' exists as %s with other layers, capacity or passthrough",
-				      req->name, have.id);
-			goto out_unlock;
-		}
-		goto out_reply;
-	}
-	if (ret != -ENOENT) {
+		csi_reply_set(r, CSI_ALREADY_EXISTS,
+			      "volume '%.128s' exists as %s with other layers, passthrough, or a capacity outside the range asked for",
+			      req->name, have.id);
+	} else if (ret != -ENOENT) {
 		csi_reply_errno(r, ret, "store");
-		goto out_unlock;
+	} else if (csi_create_new(p, r, req->name, &want) == 0) {
+		csi_create_reply(p, r, &want);
 	}
-	avail = csi_store_free(&p->store);
-	if (avail >= 0 && want.capacity > avail) {
-		csi_reply_set(r, GRPC_STATUS_OUT_OF_RANGE,
-			      "capacity %lld bytes exceeds the %lld bytes free in the store",
-			      (long long)want.capacity, (long long)avail);
-		goto out_unlock;
-	}
-	want.name = strdup(req->name);
-	ret = want.name ? csi_volume_new_id(want.id) : -ENOMEM;
-	if (!ret)
-		ret = csi_volume_create(&p->store, &want);
-	if (ret) {
-		csi_reply_errno(r, ret, "creating the volume");
-		goto out_unlock;
-	}
-	csi_reply_volume(r, want.id);
-	strata_info("volume %s created for '%s'", want.id, req->name);
-	csi_volume_free(&have);
-	have = want;
-	memset(&want, 0, sizeof(want));
-out_reply:
-	out = csi_alloc(r, sizeof(*out));
-	if (out) {
-		csi__v1__create_volume_response__init(out);
-		out->volume = csi_volume_msg(p, r, &have);
-	}
-	if (!out || !out->volume)
-		csi_reply_errno(r, -ENOMEM, "CreateVolume");
-	else
-		csi_reply_ok(r, out);
-out_unlock:
 	pthread_mutex_unlock(&p->store.create_lock);
 out:
 	csi_volume_free(&want);
@@ -291,7 +322,7 @@ static void csi_delete_volume(struct csi_plugin *p, const ProtobufCMessage *msg,
 	int ret;
 
 	if (!req->volume_id[0]) {
-		csi_reply_set(r, GRPC_STATUS_INVALID_ARGUMENT, "volume_id is required");
+		csi_reply_set(r, CSI_INVALID_ARGUMENT, "volume_id is required");
 		return;
 	}
 	csi_reply_volume(r, req->volume_id);
@@ -301,14 +332,14 @@ static void csi_delete_volume(struct csi_plugin *p, const ProtobufCMessage *msg,
 		return;
 	}
 	if (csi_busy_enter(&p->store, req->volume_id)) {
-		csi_reply_set(r, GRPC_STATUS_ABORTED,
+		csi_reply_set(r, CSI_ABORTED,
 			      "another operation on volume %s is in progress",
 			      req->volume_id);
 		return;
 	}
 	ret = csi_state_load(&p->store, req->volume_id, &n);
 	if (ret == 0) {
-		csi_reply_set(r, GRPC_STATUS_FAILED_PRECONDITION,
+		csi_reply_set(r, CSI_FAILED_PRECONDITION,
 			      "volume %s is staged on this node at %s: unstage it first",
 			      req->volume_id, n.staging);
 		csi_state_free(&n);
@@ -335,18 +366,18 @@ static void csi_validate_caps(struct csi_plugin *p, const ProtobufCMessage *msg,
 	int ret;
 
 	if (!req->volume_id[0]) {
-		csi_reply_set(r, GRPC_STATUS_INVALID_ARGUMENT, "volume_id is required");
+		csi_reply_set(r, CSI_INVALID_ARGUMENT, "volume_id is required");
 		return;
 	}
 	csi_reply_volume(r, req->volume_id);
 	if (!req->n_volume_capabilities) {
-		csi_reply_set(r, GRPC_STATUS_INVALID_ARGUMENT,
+		csi_reply_set(r, CSI_INVALID_ARGUMENT,
 			      "volume_capabilities are required");
 		return;
 	}
 	ret = csi_volume_load(&p->store, req->volume_id, &v);
 	if (ret) {
-		csi_reply_set(r, ret == -ENOENT ? GRPC_STATUS_NOT_FOUND : GRPC_STATUS_INTERNAL,
+		csi_reply_set(r, ret == -ENOENT ? CSI_NOT_FOUND : CSI_INTERNAL,
 			      "volume %.64s: %s", req->volume_id,
 			      ret == -ENOENT ? "no such volume" : strerror(-ret));
 		return;
@@ -396,12 +427,12 @@ static void csi_list_volumes(struct csi_plugin *p, const ProtobufCMessage *msg,
 	int n = 0, first = 0, ret;
 
 	if (req->max_entries < 0) {
-		csi_reply_set(r, GRPC_STATUS_INVALID_ARGUMENT,
+		csi_reply_set(r, CSI_INVALID_ARGUMENT,
 			      "max_entries must not be negative");
 		return;
 	}
 	if (req->starting_token[0] && !csi_volume_id_valid(req->starting_token)) {
-		csi_reply_set(r, GRPC_STATUS_ABORTED,
+		csi_reply_set(r, CSI_ABORTED,
 			      "starting_token '%.64s' was not handed out by this plugin",
 			      req->starting_token);
 		return;
@@ -484,7 +515,7 @@ static void csi_get_capacity(struct csi_plugin *p, const ProtobufCMessage *msg,
 	if (req->n_volume_capabilities &&
 	    csi_caps_check(req->volume_capabilities, req->n_volume_capabilities,
 			   why, sizeof(why))) {
-		csi_reply_set(r, GRPC_STATUS_INVALID_ARGUMENT, "%s", why);
+		csi_reply_set(r, CSI_INVALID_ARGUMENT, "%s", why);
 		return;
 	}
 	if (!out) {

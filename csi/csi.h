@@ -2,10 +2,11 @@
  * strata-csi internals: the CSI plugin's modules and what they share.
  *
  * Only server.c and client.c know gRPC. Everything else takes unpacked
- * protobuf-c messages and answers with a gRPC status code, a plain message
- * and a reply (struct csi_reply), so that the handlers read like the spec:
- * check the request, lock the volume, load state, return early if already
- * done, act, save, reply.
+ * protobuf-c messages and answers with a status code of its own (enum
+ * csi_code), a plain message and a reply (struct csi_reply), so that the
+ * handlers read like the spec: check the request, lock the volume, load
+ * state, return early if already done, act, save, reply. The handlers
+ * and their fuzz targets build and run without gRPC.
  *
  * Below the handlers, functions return 0 or a negative errno; the handler
  * is where an errno becomes a status code and a sentence.
@@ -19,7 +20,6 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include <grpc/status.h>
 #include <json-c/json.h>
 
 #include "csi.pb-c.h"
@@ -35,6 +35,32 @@
 #define CSI_NAME_MAX 128 /* CreateVolume name: the spec's limit */
 /* how long NodeStageVolume waits for a new daemon's mount to answer */
 #define CSI_STAGE_TIMEOUT_MS 15000
+
+/*
+ * The status codes CSI's error tables use. They are the canonical RPC
+ * status codes, numbered as on the wire; server.c and client.c convert
+ * them to and from gRPC's, and nothing else sees gRPC's.
+ */
+enum csi_code {
+	CSI_OK = 0,
+	CSI_CANCELLED = 1,
+	CSI_UNKNOWN = 2,
+	CSI_INVALID_ARGUMENT = 3,
+	CSI_DEADLINE_EXCEEDED = 4,
+	CSI_NOT_FOUND = 5,
+	CSI_ALREADY_EXISTS = 6,
+	CSI_PERMISSION_DENIED = 7,
+	CSI_RESOURCE_EXHAUSTED = 8,
+	CSI_FAILED_PRECONDITION = 9,
+	CSI_ABORTED = 10,
+	CSI_OUT_OF_RANGE = 11,
+	CSI_UNIMPLEMENTED = 12,
+	CSI_INTERNAL = 13,
+	CSI_UNAVAILABLE = 14,
+	CSI_DATA_LOSS = 15,
+	CSI_UNAUTHENTICATED = 16,
+	CSI_CODE_COUNT
+};
 
 enum csi_mode {
 	CSI_MODE_NODE = 1,
@@ -83,7 +109,7 @@ struct csi_plugin {
  * the server has sent them.
  */
 struct csi_reply {
-	grpc_status_code code;
+	enum csi_code code;
 	char msg[512];
 	ProtobufCMessage *msg_out;
 	void **allocs;
@@ -158,20 +184,20 @@ int csi_client_target(const char *endpoint, char **target);
 /*
  * Calls `method` ("/csi.v1.Node/NodeGetInfo") with `req`. Returns 0 when a
  * status arrived (then *code and *details say which; *out is the unpacked
- * reply on GRPC_STATUS_OK), or a negative errno when the call could not be
+ * reply on CSI_OK), or a negative errno when the call could not be
  * made at all. A reply that does not unpack as `out_desc` comes back as
- * GRPC_STATUS_INTERNAL with details saying so. *details is malloc'd (free
+ * CSI_INTERNAL with details saying so. *details is malloc'd (free
  * it), NULL on OK; free *out with protobuf_c_message_free_unpacked().
  * timeout_ms <= 0: no deadline.
  */
 int csi_client_call(struct csi_client *c, const char *method,
 		    const ProtobufCMessage *req,
 		    const ProtobufCMessageDescriptor *out_desc,
-		    ProtobufCMessage **out, grpc_status_code *code,
+		    ProtobufCMessage **out, enum csi_code *code,
 		    char **details, int timeout_ms);
 void csi_client_close(struct csi_client *c);
-/* "NOT_FOUND": a status code as gRPC spells it (the plugin's too) */
-const char *csi_code_name(grpc_status_code code);
+/* reply.c: "NOT_FOUND", a status code as the spec spells it */
+const char *csi_code_name(enum csi_code code);
 
 /* identity.c, controller.c, node.c: method tables, NULL-path terminated */
 extern const struct csi_method csi_identity_methods[];
@@ -179,7 +205,7 @@ extern const struct csi_method csi_controller_methods[];
 extern const struct csi_method csi_node_methods[];
 
 /* reply.c */
-void csi_reply_set(struct csi_reply *r, grpc_status_code code,
+void csi_reply_set(struct csi_reply *r, enum csi_code code,
 		   const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 void csi_reply_errno(struct csi_reply *r, int err, const char *what);
 void csi_reply_ok(struct csi_reply *r, void *msg);
@@ -298,7 +324,7 @@ enum csi_event {
 };
 int csi_metrics_start(struct csi_plugin *p, const char *addr);
 void csi_metrics_stop(void);
-void csi_metrics_rpc(const struct csi_method *m, grpc_status_code code,
+void csi_metrics_rpc(const struct csi_method *m, enum csi_code code,
 		     double seconds);
 void csi_metrics_event(enum csi_event ev);
 

@@ -69,11 +69,11 @@ static void csi_probe(struct csi_plugin *p, const ProtobufCMessage *req,
 	char why[256];
 
 	if (csi_store_check(&p->store, why, sizeof(why))) {
-		csi_reply_set(r, GRPC_STATUS_FAILED_PRECONDITION, "%s", why);
+		csi_reply_set(r, CSI_FAILED_PRECONDITION, "%s", why);
 		return;
 	}
 	if (access(p->cfg.stratafs, X_OK) < 0) {
-		csi_reply_set(r, GRPC_STATUS_FAILED_PRECONDITION,
+		csi_reply_set(r, CSI_FAILED_PRECONDITION,
 			      "the stratafs daemon %s is unusable: %s",
 			      p->cfg.stratafs, strerror(errno));
 		return;

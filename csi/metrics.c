@@ -21,7 +21,6 @@
 #include "csi.h"
 
 #define CSI_MAX_METHODS 32
-#define CSI_NCODES 17
 /* seconds: from a cached Probe to a daemon start that waits its limit */
 static const double csi_buckets[] = { 0.0005, 0.001, 0.0025, 0.005, 0.01,
 				      0.025,  0.05,  0.1,    0.25,  0.5,
@@ -39,7 +38,7 @@ static struct {
 	struct MHD_Daemon *mhd;
 	int nmethods;
 	const struct csi_method *methods[CSI_MAX_METHODS];
-	struct csi_rpc_stat rpc[CSI_MAX_METHODS + 1][CSI_NCODES];
+	struct csi_rpc_stat rpc[CSI_MAX_METHODS + 1][CSI_CODE_COUNT];
 	atomic_ullong events[CSI_EV_COUNT];
 } csi_m;
 
@@ -68,14 +67,14 @@ static int csi_method_index(const struct csi_method *m)
 	return CSI_MAX_METHODS; /* unknown paths share one row */
 }
 
-void csi_metrics_rpc(const struct csi_method *m, grpc_status_code code,
+void csi_metrics_rpc(const struct csi_method *m, enum csi_code code,
 		     double seconds)
 {
 	struct csi_rpc_stat *s;
 	size_t b = 0;
 
-	if ((unsigned)code >= CSI_NCODES)
-		code = GRPC_STATUS_UNKNOWN;
+	if ((unsigned)code >= CSI_CODE_COUNT)
+		code = CSI_UNKNOWN;
 	s = &csi_m.rpc[csi_method_index(m)][code];
 	while (b < CSI_NBUCKETS && seconds > csi_buckets[b])
 		b++;
@@ -102,7 +101,7 @@ static void csi_scrape_rpc(FILE *f)
 	fprintf(f, "# HELP strata_csi_rpc_total CSI calls served, by method and status code.\n"
 		   "# TYPE strata_csi_rpc_total counter\n");
 	for (int i = 0; i <= CSI_MAX_METHODS; i++)
-		for (int c = 0; c < CSI_NCODES; c++) {
+		for (int c = 0; c < CSI_CODE_COUNT; c++) {
 			unsigned long long n = atomic_load(&csi_m.rpc[i][c].count);
 
 			if (n)
@@ -112,7 +111,7 @@ static void csi_scrape_rpc(FILE *f)
 	fprintf(f, "# HELP strata_csi_rpc_duration_seconds Time to answer a CSI call.\n"
 		   "# TYPE strata_csi_rpc_duration_seconds histogram\n");
 	for (int i = 0; i <= CSI_MAX_METHODS; i++)
-		for (int c = 0; c < CSI_NCODES; c++) {
+		for (int c = 0; c < CSI_CODE_COUNT; c++) {
 			struct csi_rpc_stat *s = &csi_m.rpc[i][c];
 			unsigned long long n = atomic_load(&s->count), cum = 0;
 			const char *mn, *cn;

@@ -46,16 +46,16 @@ static int csi_node_path(struct csi_reply *r, const char *field,
 	int ret;
 
 	if (!path[0]) {
-		csi_reply_set(r, GRPC_STATUS_INVALID_ARGUMENT, "%s is required", field);
+		csi_reply_set(r, CSI_INVALID_ARGUMENT, "%s is required", field);
 		return -EINVAL;
 	}
 	if (csi_path_check(path, why, sizeof(why))) {
-		csi_reply_set(r, GRPC_STATUS_INVALID_ARGUMENT, "%s: %s", field, why);
+		csi_reply_set(r, CSI_INVALID_ARGUMENT, "%s: %s", field, why);
 		return -EINVAL;
 	}
 	ret = csi_path_canon(path, out, PATH_MAX);
 	if (ret) {
-		csi_reply_set(r, GRPC_STATUS_NOT_FOUND,
+		csi_reply_set(r, CSI_NOT_FOUND,
 			      "%s: the parent of %s: %s", field, path, strerror(-ret));
 		return ret;
 	}
@@ -70,20 +70,20 @@ static int csi_node_check(struct csi_reply *r, struct csi_node_req *nr,
 	char why[384];
 
 	if (!id[0]) {
-		csi_reply_set(r, GRPC_STATUS_INVALID_ARGUMENT, "volume_id is required");
+		csi_reply_set(r, CSI_INVALID_ARGUMENT, "volume_id is required");
 		return -EINVAL;
 	}
 	csi_reply_volume(r, id);
 	nr->id = id;
 	if (need_cap && !cap) {
-		csi_reply_set(r, GRPC_STATUS_INVALID_ARGUMENT,
+		csi_reply_set(r, CSI_INVALID_ARGUMENT,
 			      "volume_capability is required");
 		return -EINVAL;
 	}
 	if (cap && (csi_capability_check(cap, why, sizeof(why)) ||
 		    csi_mount_flags(cap, &nr->mflags, &nr->flags, why,
 				    sizeof(why)))) {
-		csi_reply_set(r, GRPC_STATUS_INVALID_ARGUMENT, "%s", why);
+		csi_reply_set(r, CSI_INVALID_ARGUMENT, "%s", why);
 		return -EINVAL;
 	}
 	return 0;
@@ -96,11 +96,11 @@ static int csi_node_lock(struct csi_plugin *p, struct csi_reply *r,
 	if (nr->busy)
 		return 0;
 	if (!csi_volume_id_valid(nr->id)) {
-		csi_reply_set(r, GRPC_STATUS_NOT_FOUND, "no volume %.64s", nr->id);
+		csi_reply_set(r, CSI_NOT_FOUND, "no volume %.64s", nr->id);
 		return -ENOENT;
 	}
 	if (csi_busy_enter(&p->store, nr->id)) {
-		csi_reply_set(r, GRPC_STATUS_ABORTED,
+		csi_reply_set(r, CSI_ABORTED,
 			      "another operation on volume %s is in progress",
 			      nr->id);
 		return -EBUSY;
@@ -125,8 +125,8 @@ static int csi_node_volume(struct csi_plugin *p, struct csi_reply *r,
 	int ret = csi_volume_load(&p->store, id, v);
 
 	if (ret)
-		csi_reply_set(r, ret == -ENOENT ? GRPC_STATUS_NOT_FOUND :
-			      GRPC_STATUS_INTERNAL, "volume %s: %s", id,
+		csi_reply_set(r, ret == -ENOENT ? CSI_NOT_FOUND :
+			      CSI_INTERNAL, "volume %s: %s", id,
 			      ret == -ENOENT ? "no such volume" : strerror(-ret));
 	return ret;
 }
@@ -172,7 +172,7 @@ static int csi_node_start(struct csi_plugin *p, struct csi_reply *r,
 	int ret;
 
 	if (p->cfg.max_volumes && csi_count_staged(p) >= p->cfg.max_volumes) {
-		csi_reply_set(r, GRPC_STATUS_RESOURCE_EXHAUSTED,
+		csi_reply_set(r, CSI_RESOURCE_EXHAUSTED,
 			      "this node already has %lld staged volumes (--max-volumes)",
 			      (long long)p->cfg.max_volumes);
 		return -ENOSPC;
@@ -196,9 +196,9 @@ static int csi_node_start(struct csi_plugin *p, struct csi_reply *r,
 	}
 	ret = csi_daemon_start(p, v, n->staging, n, why, sizeof(why));
 	if (ret) {
-		csi_reply_set(r, ret == -ENOENT ? GRPC_STATUS_FAILED_PRECONDITION :
-			      ret == -ENOSPC ? GRPC_STATUS_RESOURCE_EXHAUSTED :
-			      GRPC_STATUS_INTERNAL, "%s", why);
+		csi_reply_set(r, ret == -ENOENT ? CSI_FAILED_PRECONDITION :
+			      ret == -ENOSPC ? CSI_RESOURCE_EXHAUSTED :
+			      CSI_INTERNAL, "%s", why);
 		return ret;
 	}
 	ret = csi_state_save(&p->store, n);
@@ -226,7 +226,7 @@ static void csi_node_stage(struct csi_plugin *p, const ProtobufCMessage *msg,
 	ret = csi_state_load(&p->store, nr.id, &nr.n);
 	if (ret == 0) {
 		if (strcmp(nr.n.staging, nr.staging) || strcmp(nr.n.stage_flags, nr.flags)) {
-			csi_reply_set(r, GRPC_STATUS_ALREADY_EXISTS,
+			csi_reply_set(r, CSI_ALREADY_EXISTS,
 				      "volume %s is already staged at %s%s", nr.id,
 				      nr.n.staging,
 				      strcmp(nr.n.staging, nr.staging) ? "" :
@@ -237,7 +237,7 @@ static void csi_node_stage(struct csi_plugin *p, const ProtobufCMessage *msg,
 		if (!csi_daemon_alive(&nr.n) || csi_mount_alive(nr.n.staging)) {
 			ret = csi_heal(p, &nr.v, &nr.n, why, sizeof(why));
 			if (ret) {
-				csi_reply_set(r, GRPC_STATUS_INTERNAL, "%s", why);
+				csi_reply_set(r, CSI_INTERNAL, "%s", why);
 				goto out;
 			}
 		}
@@ -265,7 +265,7 @@ static int csi_node_staged(struct csi_plugin *p, struct csi_reply *r,
 	int ret = csi_state_load(&p->store, id, n);
 
 	if (ret == -ENOENT) {
-		csi_reply_set(r, GRPC_STATUS_FAILED_PRECONDITION,
+		csi_reply_set(r, CSI_FAILED_PRECONDITION,
 			      "volume %s is not staged on this node", id);
 		return ret;
 	}
@@ -274,7 +274,7 @@ static int csi_node_staged(struct csi_plugin *p, struct csi_reply *r,
 		return ret;
 	}
 	if (staging && strcmp(n->staging, staging)) {
-		csi_reply_set(r, GRPC_STATUS_FAILED_PRECONDITION,
+		csi_reply_set(r, CSI_FAILED_PRECONDITION,
 			      "volume %s is staged at %s, not at %s", id,
 			      n->staging, staging);
 		csi_state_free(n);
@@ -307,13 +307,13 @@ static void csi_node_unstage(struct csi_plugin *p, const ProtobufCMessage *msg,
 		goto out;
 	}
 	if (strcmp(nr.n.staging, nr.staging)) {
-		csi_reply_set(r, GRPC_STATUS_FAILED_PRECONDITION,
+		csi_reply_set(r, CSI_FAILED_PRECONDITION,
 			      "volume %s is staged at %s, not at %s", nr.id,
 			      nr.n.staging, nr.staging);
 		goto out;
 	}
 	if (nr.n.ntargets) {
-		csi_reply_set(r, GRPC_STATUS_FAILED_PRECONDITION,
+		csi_reply_set(r, CSI_FAILED_PRECONDITION,
 			      "volume %s is still published at %s: unpublish it first",
 			      nr.id, nr.n.targets[0].path);
 		goto out;
@@ -378,7 +378,7 @@ static int csi_ephemeral_volume(struct csi_plugin *p, struct csi_reply *r,
 	int ret;
 
 	if (!csi_ephemeral_id_valid(req->volume_id)) {
-		csi_reply_set(r, GRPC_STATUS_INVALID_ARGUMENT,
+		csi_reply_set(r, CSI_INVALID_ARGUMENT,
 			      "inline volume id '%.64s' is malformed", req->volume_id);
 		return -EINVAL;
 	}
@@ -387,7 +387,7 @@ static int csi_ephemeral_volume(struct csi_plugin *p, struct csi_reply *r,
 				       "volume attribute", &passthrough, why,
 				       sizeof(why));
 	if (ret) {
-		csi_reply_set(r, GRPC_STATUS_INVALID_ARGUMENT, "%s", why);
+		csi_reply_set(r, CSI_INVALID_ARGUMENT, "%s", why);
 		return ret;
 	}
 	pthread_mutex_lock(&p->store.create_lock);
@@ -397,7 +397,7 @@ static int csi_ephemeral_volume(struct csi_plugin *p, struct csi_reply *r,
 	memset(v, 0, sizeof(*v));
 	ret = csi_layers_check(p, v, layers ? layers : "", why, sizeof(why));
 	if (ret == -EINVAL) {
-		csi_reply_set(r, GRPC_STATUS_INVALID_ARGUMENT, "%s", why);
+		csi_reply_set(r, CSI_INVALID_ARGUMENT, "%s", why);
 		goto out_unlock;
 	}
 	if (ret)
@@ -513,7 +513,7 @@ static void csi_node_publish(struct csi_plugin *p, const ProtobufCMessage *msg,
 	t = csi_state_target(&nr.n, nr.path);
 	if (t) {
 		if (t->readonly != ro || strcmp(t->flags, nr.flags)) {
-			csi_reply_set(r, GRPC_STATUS_ALREADY_EXISTS,
+			csi_reply_set(r, CSI_ALREADY_EXISTS,
 				      "volume %s is already published at %s with other options",
 				      nr.id, nr.path);
 			goto out;
@@ -528,12 +528,12 @@ static void csi_node_publish(struct csi_plugin *p, const ProtobufCMessage *msg,
 	if (!csi_daemon_alive(&nr.n) || csi_mount_alive(nr.n.staging)) {
 		ret = csi_heal(p, &nr.v, &nr.n, why, sizeof(why));
 		if (ret) {
-			csi_reply_set(r, GRPC_STATUS_INTERNAL, "%s", why);
+			csi_reply_set(r, CSI_INTERNAL, "%s", why);
 			goto out;
 		}
 	}
 	if (!csi_mount_find(nr.path, NULL, 0, NULL, 0)) {
-		csi_reply_set(r, GRPC_STATUS_ALREADY_EXISTS,
+		csi_reply_set(r, CSI_ALREADY_EXISTS,
 			      "%s already has a mount that is not this volume's",
 			      nr.path);
 		goto out;
@@ -608,7 +608,7 @@ static void csi_node_unpublish(struct csi_plugin *p, const ProtobufCMessage *msg
 	if (!csi_mount_find(nr.path, fstype, sizeof(fstype), NULL, 0) &&
 	    !(staged && csi_state_target(&nr.n, nr.path)) &&
 	    strcmp(fstype, "fuse.stratafs")) {
-		csi_reply_set(r, GRPC_STATUS_FAILED_PRECONDITION,
+		csi_reply_set(r, CSI_FAILED_PRECONDITION,
 			      "%s has a %s mount that is not this volume's",
 			      nr.path, fstype);
 		goto out;
@@ -680,7 +680,7 @@ static void csi_node_stats(struct csi_plugin *p, const ProtobufCMessage *msg,
 	if (csi_node_check(r, &nr, req->volume_id, NULL, false))
 		goto out;
 	if (!req->volume_path[0]) {
-		csi_reply_set(r, GRPC_STATUS_INVALID_ARGUMENT, "volume_path is required");
+		csi_reply_set(r, CSI_INVALID_ARGUMENT, "volume_path is required");
 		goto out;
 	}
 	if (csi_node_path(r, "volume_path", req->volume_path, nr.path) ||
@@ -688,7 +688,7 @@ static void csi_node_stats(struct csi_plugin *p, const ProtobufCMessage *msg,
 		goto out;
 	if (csi_state_load(&p->store, nr.id, &nr.n) ||
 	    (strcmp(nr.n.staging, nr.path) && !csi_state_target(&nr.n, nr.path))) {
-		csi_reply_set(r, GRPC_STATUS_NOT_FOUND,
+		csi_reply_set(r, CSI_NOT_FOUND,
 			      "%s is neither the staging path nor a target of volume %s",
 			      req->volume_path, nr.id);
 		goto out;

@@ -1,6 +1,7 @@
 /*
  * Handler answers: a status code, one plain sentence, and on OK the reply
- * message. This is the edge where a negative errno becomes a gRPC code.
+ * message. This is where a negative errno becomes a status code; server.c
+ * turns that into gRPC's.
  */
 #include <errno.h>
 #include <stdarg.h>
@@ -9,7 +10,34 @@
 
 #include "csi.h"
 
-void csi_reply_set(struct csi_reply *r, grpc_status_code code,
+const char *csi_code_name(enum csi_code code)
+{
+	static const char *const names[CSI_CODE_COUNT] = {
+		[CSI_OK] = "OK",
+		[CSI_CANCELLED] = "CANCELLED",
+		[CSI_UNKNOWN] = "UNKNOWN",
+		[CSI_INVALID_ARGUMENT] = "INVALID_ARGUMENT",
+		[CSI_DEADLINE_EXCEEDED] = "DEADLINE_EXCEEDED",
+		[CSI_NOT_FOUND] = "NOT_FOUND",
+		[CSI_ALREADY_EXISTS] = "ALREADY_EXISTS",
+		[CSI_PERMISSION_DENIED] = "PERMISSION_DENIED",
+		[CSI_RESOURCE_EXHAUSTED] = "RESOURCE_EXHAUSTED",
+		[CSI_FAILED_PRECONDITION] = "FAILED_PRECONDITION",
+		[CSI_ABORTED] = "ABORTED",
+		[CSI_OUT_OF_RANGE] = "OUT_OF_RANGE",
+		[CSI_UNIMPLEMENTED] = "UNIMPLEMENTED",
+		[CSI_INTERNAL] = "INTERNAL",
+		[CSI_UNAVAILABLE] = "UNAVAILABLE",
+		[CSI_DATA_LOSS] = "DATA_LOSS",
+		[CSI_UNAUTHENTICATED] = "UNAUTHENTICATED",
+	};
+
+	if ((unsigned)code < CSI_CODE_COUNT)
+		return names[code];
+	return "UNKNOWN";
+}
+
+void csi_reply_set(struct csi_reply *r, enum csi_code code,
 		   const char *fmt, ...)
 {
 	va_list ap;
@@ -26,33 +54,33 @@ void csi_reply_set(struct csi_reply *r, grpc_status_code code,
  */
 void csi_reply_errno(struct csi_reply *r, int err, const char *what)
 {
-	grpc_status_code code;
+	enum csi_code code;
 
 	switch (err) {
 	case -ENOENT:
-		code = GRPC_STATUS_NOT_FOUND;
+		code = CSI_NOT_FOUND;
 		break;
 	case -ENOSPC:
 	case -EDQUOT:
 	case -EMFILE:
 	case -ENFILE:
-		code = GRPC_STATUS_RESOURCE_EXHAUSTED;
+		code = CSI_RESOURCE_EXHAUSTED;
 		break;
 	case -EBUSY:
-		code = GRPC_STATUS_FAILED_PRECONDITION;
+		code = CSI_FAILED_PRECONDITION;
 		break;
 	case -EINVAL:
-		code = GRPC_STATUS_INVALID_ARGUMENT;
+		code = CSI_INVALID_ARGUMENT;
 		break;
 	default:
-		code = GRPC_STATUS_INTERNAL;
+		code = CSI_INTERNAL;
 	}
 	csi_reply_set(r, code, "%s: %s", what, strerror(-err));
 }
 
 void csi_reply_ok(struct csi_reply *r, void *msg)
 {
-	r->code = GRPC_STATUS_OK;
+	r->code = CSI_OK;
 	r->msg[0] = '\0';
 	r->msg_out = msg;
 }

@@ -185,12 +185,23 @@ static void csi_call_log(struct csi_call *c)
 
 	snprintf(dur, sizeof(dur), "%.2f", ms);
 	csi_metrics_rpc(c->method, c->reply.code, ms / 1e3);
-	strata_log_kv(c->reply.code == GRPC_STATUS_OK ||
-				      c->reply.code == GRPC_STATUS_UNIMPLEMENTED ?
+	strata_log_kv(c->reply.code == CSI_OK ||
+				      c->reply.code == CSI_UNIMPLEMENTED ?
 			      STRATA_LOG_INFO :
 			      STRATA_LOG_WARN,
 		      "rpc", kv);
 	gpr_free(method);
+}
+
+/* Our codes are the canonical ones, numbered as gRPC numbers them. */
+_Static_assert(CSI_UNAUTHENTICATED == (int)GRPC_STATUS_UNAUTHENTICATED &&
+	       CSI_FAILED_PRECONDITION == (int)GRPC_STATUS_FAILED_PRECONDITION,
+	       "csi_code follows the canonical numbering");
+
+static grpc_status_code csi_grpc_code(enum csi_code code)
+{
+	return (unsigned)code < CSI_CODE_COUNT ? (grpc_status_code)code :
+						 GRPC_STATUS_UNKNOWN;
 }
 
 /* The final batch; it always carries initial metadata, or the client waits. */
@@ -201,7 +212,7 @@ static void csi_call_reply(struct csi_call *c)
 
 	memset(ops, 0, sizeof(ops));
 	ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
-	if (c->reply.code == GRPC_STATUS_OK && c->reply.msg_out) {
+	if (c->reply.code == CSI_OK && c->reply.msg_out) {
 		size_t len = protobuf_c_message_get_packed_size(c->reply.msg_out);
 		grpc_slice s = grpc_slice_malloc(len);
 
@@ -213,7 +224,7 @@ static void csi_call_reply(struct csi_call *c)
 	}
 	c->status_details = grpc_slice_from_copied_string(c->reply.msg);
 	ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
-	ops[n].data.send_status_from_server.status = c->reply.code;
+	ops[n].data.send_status_from_server.status = csi_grpc_code(c->reply.code);
 	ops[n++].data.send_status_from_server.status_details = &c->status_details;
 	ops[n].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
 	ops[n++].data.recv_close_on_server.cancelled = &c->cancelled;
@@ -266,12 +277,12 @@ static void csi_call_dispatch(struct csi_call *c, bool ok)
 
 	c->method = csi_method_find(c->srv, c->details.method);
 	if (!c->method) {
-		csi_reply_set(&c->reply, GRPC_STATUS_UNIMPLEMENTED,
+		csi_reply_set(&c->reply, CSI_UNIMPLEMENTED,
 			      "method not implemented by this plugin");
 		goto out_reply;
 	}
 	if (!ok || !c->payload) {
-		csi_reply_set(&c->reply, GRPC_STATUS_INVALID_ARGUMENT,
+		csi_reply_set(&c->reply, CSI_INVALID_ARGUMENT,
 			      "the call carried no request message");
 		goto out_reply;
 	}
@@ -279,11 +290,11 @@ static void csi_call_dispatch(struct csi_call *c, bool ok)
 	case 0:
 		break;
 	case -EINVAL:
-		csi_reply_set(&c->reply, GRPC_STATUS_INVALID_ARGUMENT,
+		csi_reply_set(&c->reply, CSI_INVALID_ARGUMENT,
 			      "malformed request: a string field holds a NUL byte");
 		goto out_reply;
 	default:
-		csi_reply_set(&c->reply, GRPC_STATUS_INVALID_ARGUMENT,
+		csi_reply_set(&c->reply, CSI_INVALID_ARGUMENT,
 			      "malformed request: not a valid %s message",
 			      c->method->input->name);
 		goto out_reply;
@@ -299,7 +310,7 @@ static void csi_call_dispatch(struct csi_call *c, bool ok)
 		return;
 	}
 	pthread_attr_destroy(&attr);
-	csi_reply_set(&c->reply, GRPC_STATUS_RESOURCE_EXHAUSTED,
+	csi_reply_set(&c->reply, CSI_RESOURCE_EXHAUSTED,
 		      "cannot start a thread for this call");
 out_reply:
 	csi_call_reply(c);
@@ -385,8 +396,8 @@ static void csi_server_drain(struct csi_server *srv)
 }
 
 /*
- * Serves until SIGTERM or SIGINT. The caller blocked both before
- * grpc_init, so that gRPC's own threads inherit the mask and the signal
+ * Serves until SIGTERM or SIGINT. The caller blocked both, so that
+ * gRPC's own threads, started here, inherit the mask and the signal
  * reaches the sigwait here.
  */
 int csi_server_run(struct csi_plugin *p, const sigset_t *stop_signals)
@@ -401,6 +412,7 @@ int csi_server_run(struct csi_plugin *p, const sigset_t *stop_signals)
 	workers = calloc(p->cfg.workers, sizeof(*workers));
 	if (!workers)
 		return -ENOMEM;
+	grpc_init();
 	srv.server = grpc_server_create(NULL, NULL);
 	srv.cq = grpc_completion_queue_create_for_next(NULL);
 	grpc_server_register_completion_queue(srv.server, srv.cq, NULL);
@@ -449,6 +461,7 @@ out_cq:
 			;
 	}
 	grpc_completion_queue_destroy(srv.cq);
+	grpc_shutdown_blocking();
 	pthread_cond_destroy(&srv.idle);
 	pthread_mutex_destroy(&srv.lock);
 	free(workers);

@@ -16,7 +16,6 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include <grpc/grpc.h>
 
 #include "csi.h"
 
@@ -291,32 +290,30 @@ int main(int argc, char **argv)
 		ret = 1;
 		goto out_topo;
 	}
-	/* before grpc_init: gRPC's threads must inherit the blocked mask */
+	/* every thread started from here on (gRPC's too) inherits the mask */
 	sigemptyset(&stop);
 	sigaddset(&stop, SIGTERM);
 	sigaddset(&stop, SIGINT);
 	pthread_sigmask(SIG_BLOCK, &stop, NULL);
 	/* a client that hangs up must not kill the plugin */
 	signal(SIGPIPE, SIG_IGN);
-	grpc_init();
 	ret = csi_metrics_start(&p, p.cfg.metrics_address);
 	if (ret) {
 		ret = 1;
-		goto out_grpc;
+		goto out_store;
 	}
 	ret = csi_watch_start(&p);
 	if (ret) {
 		strata_err("cannot start the watcher: %s", strerror(-ret));
 		csi_metrics_stop();
 		ret = 1;
-		goto out_grpc;
+		goto out_store;
 	}
 	ret = csi_server_run(&p, &stop) ? 1 : 0;
 	csi_watch_stop(&p);
 	csi_metrics_stop();
 	unlink(p.cfg.socket_path);
-out_grpc:
-	grpc_shutdown_blocking();
+out_store:
 	csi_store_close(&p.store);
 out_topo:
 	free(p.topology_key);

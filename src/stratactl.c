@@ -602,7 +602,7 @@ static int ctl_call(struct ctl *ctl, const char *method,
 		    const ProtobufCMessageDescriptor *out_desc,
 		    ProtobufCMessage **out)
 {
-	grpc_status_code code;
+	enum csi_code code;
 	char *details = NULL;
 	int ret;
 
@@ -622,14 +622,14 @@ static int ctl_call(struct ctl *ctl, const char *method,
 			ctl->endpoint, strerror(-ret));
 		return CTL_EXIT_FAIL;
 	}
-	if (code != GRPC_STATUS_OK) {
+	if (code != CSI_OK) {
 		fprintf(stderr, CTL_PROG ": %s: %s\n",
 			csi_code_name(code),
 			details && *details ? details : "(no message)");
-		if (code == GRPC_STATUS_UNAVAILABLE)
+		if (code == CSI_UNAVAILABLE)
 			fprintf(stderr, CTL_PROG ": is a CSI plugin listening on %s?\n",
 				ctl->endpoint);
-		else if (code == GRPC_STATUS_DEADLINE_EXCEEDED)
+		else if (code == CSI_DEADLINE_EXCEEDED)
 			fprintf(stderr, CTL_PROG ": no reply to %s within %d ms (see --timeout)\n",
 				method, ctl->timeout_ms);
 		free(details);

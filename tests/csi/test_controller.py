@@ -271,6 +271,29 @@ def test_create_same_name_other_capacity_already_exists(csi, strata):
     assert len(volume_dirs(strata)) == 1
 
 
+@pytest.mark.parametrize("required,limit", [
+    (MiB // 2, 2 * MiB),       # the existing 1 MiB lies inside the range
+    (0, 2 * MiB),              # a limit alone
+    (MiB, 0),                  # exactly what was asked the first time
+])
+def test_create_same_name_compatible_capacity_ok(csi, strata, required, limit):
+    """CSI v1.12: a volume with the same name whose capacity the new range
+    admits MUST be returned with OK, not ALREADY_EXISTS."""
+    c1, r1 = create(csi, "same", capacity_range=crange(MiB))
+    c2, r2 = create(csi, "same", capacity_range=crange(required, limit))
+    assert (c1, c2) == ("OK", "OK"), r2
+    assert r2.volume.volume_id == r1.volume.volume_id
+    assert r2.volume.capacity_bytes == MiB
+    assert len(volume_dirs(strata)) == 1
+
+
+def test_create_same_name_unlimited_over_limit_already_exists(csi, strata):
+    """No capacity means unlimited, which no limit_bytes admits."""
+    assert create(csi, "same").code == "OK"
+    r = create(csi, "same", capacity_range=crange(0, MiB))
+    assert r.code == "ALREADY_EXISTS", r
+
+
 def test_create_same_name_other_passthrough_already_exists(csi, strata):
     assert create(csi, "same").code == "OK"
     r = create(csi, "same", parameters={"passthrough": "true"})
