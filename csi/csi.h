@@ -67,6 +67,9 @@ enum csi_mode {
 	CSI_MODE_CONTROLLER = 2,
 };
 
+#define CSI_MAX_PREFIXES 16
+#define CSI_MAX_GUARDS 4
+
 struct csi_config {
 	char *endpoint;		/* unix:///abs/path.sock */
 	char *socket_path;	/* the path part of endpoint */
@@ -78,6 +81,16 @@ struct csi_config {
 	int64_t max_volumes;	/* 0: no limit */
 	int workers;		/* threads polling the completion queue */
 	char *metrics_address;	/* HOST:PORT for Prometheus, or NULL */
+	/* --allowed-path-prefix: canonical; staging and target paths lie below */
+	char *prefixes[CSI_MAX_PREFIXES];
+	int nprefixes;
+};
+
+/* A directory the Node service never mounts on, in or above. */
+struct csi_guard {
+	char *path;		/* canonical */
+	dev_t dev;
+	ino_t ino;
 };
 
 /* The store's directories, opened once; paths are only for messages. */
@@ -101,6 +114,8 @@ struct csi_plugin {
 	int ready;		/* 0 starting, 1 ready, <0 -errno of the check */
 	char ready_msg[256];
 	struct csi_watch *watch; /* daemons watched through pidfds */
+	struct csi_guard guards[CSI_MAX_GUARDS]; /* the store, the socket's dir */
+	int nguards;
 };
 
 /*
@@ -149,11 +164,23 @@ struct csi_volume {
 	json_object *parameters; /* the CreateVolume parameters as given */
 };
 
+/*
+ * A mount known for certain: its unique id (STATX_MNT_ID_UNIQUE, never
+ * reused) and its superblock's device (the FUSE connection). id 0: none.
+ */
+struct csi_mnt {
+	uint64_t id;
+	dev_t dev;
+};
+
 /* One bind mount of a staged volume into a pod. */
 struct csi_target {
 	char *path;
 	bool readonly;
 	char *flags;		/* the mount flags, comma-joined, as checked */
+	int mode;		/* the capability's access mode */
+	bool created;		/* the plugin made the directory: it removes it */
+	struct csi_mnt mnt;	/* the bind mount, recorded before it is attached */
 };
 
 /* Node state of one volume: node/<id>.json. */
@@ -161,14 +188,27 @@ struct csi_node_vol {
 	char id[CSI_VOLUME_ID_LEN + 1];
 	char *staging;
 	char *stage_flags;	/* canonical form of the stage capability */
+	bool staging_created;	/* the plugin made the directory */
+	struct csi_mnt mnt;	/* the FUSE mount at the staging path */
+	struct csi_mnt prev;	/* the mount a heal is replacing, until done */
 	pid_t pid;
 	unsigned long long starttime; /* /proc/<pid>/stat: tells pid reuse */
 	int ntargets;
 	struct csi_target *targets;
 };
 
+/* A staging or target path, checked, with its parent open (path.c). */
+struct csi_path {
+	char path[PATH_MAX];
+	int parent;		/* O_PATH on the parent directory, or -1 */
+	const char *name;	/* the last component, within path */
+};
+
 /* server.c */
-int csi_server_run(struct csi_plugin *p, const sigset_t *stop_signals);
+struct csi_server;
+int csi_server_start(struct csi_plugin *p, struct csi_server **srv);
+void csi_server_serve(struct csi_server *srv, const sigset_t *stop_signals);
+void csi_server_stop(struct csi_server *srv);
 
 /* client.c: unary calls over the gRPC C core, for stratactl and tests */
 struct csi_client;
@@ -297,21 +337,37 @@ int csi_state_add_target(struct csi_node_vol *n, const char *path,
 			 bool readonly, const char *flags);
 void csi_state_drop_target(struct csi_node_vol *n, const char *path);
 
-/* mount.c */
-int csi_mount_bind(const char *source, const char *target,
-		   unsigned long flags);
-int csi_mount_umount(const char *target);
-int csi_mount_find(const char *path, char *fstype, size_t size,
-		   char *source, size_t ssize);
-int csi_mount_same(const char *a, const char *b);
-int csi_mount_alive(const char *path);
-int csi_path_canon(const char *path, char *out, size_t size);
+/* path.c: the trust boundary for staging and target paths */
+int csi_openat2(int dirfd, const char *path, int flags,
+		unsigned long long resolve);
+int csi_guard_add(struct csi_plugin *p, const char *path);
+void csi_guards_free(struct csi_plugin *p);
+void csi_path_init(struct csi_path *pp);
+void csi_path_release(struct csi_path *pp);
+int csi_path_resolve(const struct csi_plugin *p, const char *path,
+		     struct csi_path *pp, char *why, size_t size);
+int csi_path_open(const struct csi_path *pp, bool create, bool *created);
+void csi_path_reply(struct csi_reply *r, const char *field, int err,
+		    const char *why);
+
+/* mount.c: mounts by descriptor, known by unique id */
+int csi_mnt_of(int fd, struct csi_mnt *m, bool *root);
+int csi_mnt_exists(const struct csi_mnt *m);
+int csi_mnt_fuse(const char *source, int *fusefd, int *mntfd);
+int csi_mnt_clone(int fd, unsigned long msflags, int *treefd);
+int csi_mnt_attach(int mntfd, int dirfd, bool beneath);
+int csi_mnt_detach(int fd);
+int csi_mnt_at(const struct csi_path *pp, const struct csi_mnt *want, int *fd,
+	       struct csi_mnt *top);
+int csi_mnt_answers(int fd, int timeout_ms);
+const char *csi_mnt_strerror(int err);
 
 /* daemon.c */
 int csi_daemon_start(struct csi_plugin *p, const struct csi_volume *v,
-		     const char *staging, struct csi_node_vol *n, char *why,
+		     struct csi_node_vol *n, int *mntfd, char *why,
 		     size_t size);
 int csi_daemon_stop(struct csi_plugin *p, struct csi_node_vol *n);
+void csi_daemon_kill(struct csi_node_vol *n);
 bool csi_daemon_alive(const struct csi_node_vol *n);
 unsigned long long csi_daemon_starttime(pid_t pid);
 

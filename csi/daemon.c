@@ -12,7 +12,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mount.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -150,21 +149,50 @@ static int csi_daemon_opts(struct csi_plugin *p, const struct csi_volume *v,
 }
 
 /*
- * Starts stratafs on `staging` and returns once the mount answers. On
- * failure nothing is left mounted or running, and `why` holds the
- * daemon's own error message.
+ * Waits until the daemon answers on its new mount. A daemon that dies
+ * closes the last descriptor on the connection, which fails the wait at
+ * once; one that hangs is killed at the deadline.
+ */
+static int csi_daemon_ready(struct csi_plugin *p, int mntfd, pid_t pid,
+			    int logfd, off_t from, char *why, size_t size)
+{
+	int ret = csi_mnt_answers(mntfd, CSI_STAGE_TIMEOUT_MS);
+
+	if (ret == -ETIMEDOUT) {
+		kill(pid, SIGKILL);
+		csi_daemon_log_tail(logfd, from, why, size,
+				    "stratafs did not answer in time");
+		return ret;
+	}
+	if (ret) {
+		/* the daemon's own words say why, unless the disk was full */
+		ret = csi_store_full(&p->store) ? -ENOSPC : -EIO;
+		csi_daemon_log_tail(logfd, from, why, size,
+				    ret == -ENOSPC ?
+				    "stratafs failed to start (the store's filesystem is full)" :
+				    "stratafs failed to start");
+	}
+	return ret;
+}
+
+/*
+ * Starts stratafs for the volume on a new FUSE mount, detached, and
+ * returns once the mount answers: *mntfd is that mount, for the caller
+ * to attach where it belongs. Nothing is ever mounted on a path before
+ * its daemon serves it. On failure nothing is left mounted or running,
+ * and `why` holds the daemon's own error message.
  */
 int csi_daemon_start(struct csi_plugin *p, const struct csi_volume *v,
-		     const char *staging, struct csi_node_vol *n, char *why,
+		     struct csi_node_vol *n, int *mntfd, char *why,
 		     size_t size)
 {
 	struct csi_spawn sp = { .logfd = -1, .nullfd = -1 };
-	char logname[64], *opts = NULL, fstype[64];
-	int64_t deadline;
+	char logname[64], source[64], fuse_arg[32], *opts = NULL;
+	int fusefd = -1, ret;
 	off_t from;
 	pid_t pid;
-	int ret, status;
 
+	*mntfd = -1;
 	ret = csi_daemon_opts(p, v, &sp, &opts, why, size);
 	if (ret)
 		goto out;
@@ -178,13 +206,22 @@ int csi_daemon_start(struct csi_plugin *p, const struct csi_volume *v,
 			 logname, strerror(errno));
 		goto out;
 	}
-	dprintf(sp.logfd, "strata-csi: starting stratafs on %s\n", staging);
+	snprintf(source, sizeof(source), "strata:%s", v->id);
+	ret = csi_mnt_fuse(source, &fusefd, mntfd);
+	if (ret) {
+		snprintf(why, size, "a FUSE mount for volume %s: %s", v->id,
+			 csi_mnt_strerror(ret));
+		goto out;
+	}
+	sp.fds[sp.nfds++] = fusefd;
+	snprintf(fuse_arg, sizeof(fuse_arg), "/dev/fd/%d", fusefd);
+	dprintf(sp.logfd, "strata-csi: starting stratafs for %s\n", n->staging);
 	from = lseek(sp.logfd, 0, SEEK_END);
 	sp.argv[0] = "stratafs";
 	sp.argv[1] = "-f";
 	sp.argv[2] = "-o";
 	sp.argv[3] = opts;
-	sp.argv[4] = (char *)staging;
+	sp.argv[4] = fuse_arg;
 	sp.argv[5] = NULL;
 
 	pid = fork();
@@ -195,44 +232,22 @@ int csi_daemon_start(struct csi_plugin *p, const struct csi_volume *v,
 	}
 	if (pid == 0)
 		csi_daemon_child(&sp, p->cfg.stratafs);
-
-	deadline = csi_now_ms() + CSI_STAGE_TIMEOUT_MS;
-	for (;;) {
-		pid_t w = waitpid(pid, &status, WNOHANG);
-
-		if (w == pid || (w < 0 && errno == ECHILD)) {
-			/*
-			 * On a full store the daemon's own words may not have
-			 * fit in its log: say what it could not.
-			 */
-			ret = csi_store_full(&p->store) ? -ENOSPC : -EIO;
-			csi_daemon_log_tail(sp.logfd, from, why, size,
-					    ret == -ENOSPC ?
-					    "stratafs failed to start (the store's filesystem is full)" :
-					    "stratafs failed to start");
-			break;
-		}
-		if (!csi_mount_find(staging, fstype, sizeof(fstype), NULL, 0) &&
-		    !strcmp(fstype, "fuse.stratafs") && !csi_mount_alive(staging)) {
-			n->pid = pid;
-			n->starttime = csi_daemon_starttime(pid);
-			csi_metrics_event(CSI_EV_DAEMON_START);
-			ret = 0;
-			break;
-		}
-		if (csi_now_ms() > deadline) {
-			kill(pid, SIGKILL);
-			waitpid(pid, NULL, 0);
-			if (!csi_mount_find(staging, NULL, 0, NULL, 0))
-				umount2(staging, MNT_DETACH);
-			csi_daemon_log_tail(sp.logfd, from, why, size,
-					    "stratafs did not answer in time");
-			ret = -ETIMEDOUT;
-			break;
-		}
-		poll(NULL, 0, 5);
+	/* the daemon's copy must be the connection's last: see csi_daemon_ready */
+	close(fusefd);
+	sp.nfds--;
+	ret = csi_daemon_ready(p, *mntfd, pid, sp.logfd, from, why, size);
+	if (ret) {
+		waitpid(pid, NULL, 0);
+		goto out;
 	}
+	n->pid = pid;
+	n->starttime = csi_daemon_starttime(pid);
+	csi_metrics_event(CSI_EV_DAEMON_START);
 out:
+	if (ret && *mntfd >= 0) {
+		close(*mntfd);
+		*mntfd = -1;
+	}
 	for (int i = 0; i < sp.nfds; i++)
 		close(sp.fds[i]);
 	if (sp.logfd >= 0)
@@ -274,33 +289,32 @@ static void csi_daemon_signal(const struct csi_node_vol *n, int pidfd, int sig)
 }
 
 /*
- * Unmounts the staging path, which ends the daemon's FUSE session, and
- * waits for it to exit; a daemon that hangs gets SIGTERM, then SIGKILL.
+ * Ends the daemon: once its mounts are gone it exits by itself, so it
+ * gets `grace_ms` to do so; then SIGTERM, then SIGKILL. A daemon whose
+ * mount is dead serves nobody and gets no grace.
  */
-int csi_daemon_stop(struct csi_plugin *p, struct csi_node_vol *n)
+static void csi_daemon_end(struct csi_node_vol *n, int grace_ms)
 {
-	int pidfd = -1, ret;
+	int pidfd = -1;
 
-	if (!csi_mount_find(n->staging, NULL, 0, NULL, 0)) {
-		ret = csi_mount_umount(n->staging);
-		if (ret && ret != -EINVAL)
-			return ret;
-	}
 	if (!csi_daemon_alive(n))
 		goto out_reap;
 	pidfd = syscall(SYS_pidfd_open, n->pid, 0);
 	/* recheck: the pid may have been reused before the open */
 	if (pidfd >= 0 && !csi_daemon_alive(n))
 		goto out_close;
-	if (csi_daemon_wait(n, pidfd, CSI_STOP_TIMEOUT_MS)) {
+	if (grace_ms && csi_daemon_wait(n, pidfd, grace_ms) == 0)
+		goto out_exited;
+	if (grace_ms) {
 		strata_warn("volume %s: stratafs %d still runs after the unmount: SIGTERM",
 			    n->id, (int)n->pid);
 		csi_daemon_signal(n, pidfd, SIGTERM);
-		if (csi_daemon_wait(n, pidfd, CSI_STOP_TIMEOUT_MS)) {
-			csi_daemon_signal(n, pidfd, SIGKILL);
-			csi_daemon_wait(n, pidfd, -1);
-		}
+		if (csi_daemon_wait(n, pidfd, CSI_STOP_TIMEOUT_MS) == 0)
+			goto out_exited;
 	}
+	csi_daemon_signal(n, pidfd, SIGKILL);
+	csi_daemon_wait(n, pidfd, -1);
+out_exited:
 	csi_metrics_event(CSI_EV_DAEMON_EXIT);
 out_close:
 	if (pidfd >= 0)
@@ -308,5 +322,17 @@ out_close:
 out_reap:
 	/* our own child is reaped here; an adopted one by its parent */
 	waitpid(n->pid, NULL, WNOHANG);
+}
+
+/* After the daemon's mounts were detached. */
+int csi_daemon_stop(struct csi_plugin *p, struct csi_node_vol *n)
+{
+	csi_daemon_end(n, CSI_STOP_TIMEOUT_MS);
 	return 0;
+}
+
+/* A daemon whose mount is dead, or that does not answer. */
+void csi_daemon_kill(struct csi_node_vol *n)
+{
+	csi_daemon_end(n, 0);
 }

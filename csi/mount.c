@@ -1,167 +1,340 @@
 /*
- * Mounts on the node: bind mounts of a staged volume into pods (through
- * libmount, which also does the read-only remount a bind mount needs),
- * unmounts, and questions to /proc/self/mountinfo. Nothing here stats a
- * mount point it does not have to: a dead FUSE mount answers ENOTCONN,
- * and the mount table is where the truth about it is.
+ * Mounts on the node, through the new mount API only: a FUSE mount is
+ * made detached (fsopen, fsmount) and attached with move_mount onto a
+ * directory descriptor that csi/path.c opened; a bind mount is a clone
+ * of the staging mount (open_tree). Nothing here takes a path, so no
+ * symlink swapped into one can redirect a mount.
+ *
+ * A mount is known for certain by its unique id (STATX_MNT_ID_UNIQUE,
+ * never reused until reboot) and its superblock's device: that is what
+ * the node records keep, and an unmount acts only on the mount a
+ * descriptor holds, after checking that it is the recorded one. The
+ * questions never call into the filesystem (AT_STATX_DONT_SYNC), so a
+ * dead FUSE mount answers them as well as a live one.
  */
 #include <errno.h>
-#include <libgen.h>
-#include <libmount/libmount.h>
+#include <fcntl.h>
 #include <limits.h>
-#include <linux/magic.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
-#include <sys/vfs.h>
+#include <sys/statfs.h>
+#include <sys/syscall.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
 
 #include "csi.h"
+
+/* Linux 6.8 (include/uapi/linux/stat.h): a mount id never reused. */
+#ifndef STATX_MNT_ID_UNIQUE
+#define STATX_MNT_ID_UNIQUE 0x00004000U
+#endif
+/* Linux 6.5 (include/uapi/linux/mount.h): mount beneath the top mount. */
+#ifndef MOVE_MOUNT_BENEATH
+#define MOVE_MOUNT_BENEATH 0x00000200
+#endif
+/*
+ * statmount(2), Linux 6.8 (include/uapi/linux/mount.h): what a unique
+ * mount id names, or ENOENT once it is gone. Only the fixed part of the
+ * reply is read.
+ */
+#ifndef SYS_statmount
+#define SYS_statmount 457
+#endif
+#define CSI_STATMOUNT_SB_BASIC 0x00000001U
+
+struct csi_mnt_id_req {
+	uint32_t size;
+	uint32_t spare;
+	uint64_t mnt_id;
+	uint64_t param;
+};
+
+struct csi_statmount {
+	uint32_t size;
+	uint32_t mnt_opts;
+	uint64_t mask;
+	uint32_t sb_dev_major;
+	uint32_t sb_dev_minor;
+	uint64_t sb_magic;
+	uint32_t sb_flags;
+	uint32_t fs_type;
+	uint64_t rest[60];	/* fields we do not read, and spare */
+};
 
 #ifndef FUSE_SUPER_MAGIC
 #define FUSE_SUPER_MAGIC 0x65735546
 #endif
 
-int csi_mount_bind(const char *source, const char *target,
-		   unsigned long flags)
-{
-	struct libmnt_context *cxt = mnt_new_context();
-	int rc, ret = 0;
+/* A statfs off the caller's thread, so that a hung daemon holds up nobody. */
+struct csi_probe {
+	int fd;			/* our own descriptor on the mount */
+	int pipe[2];		/* a byte once the answer is in err */
+	int err;
+	atomic_int refs;	/* the caller and the thread */
+};
 
-	if (!cxt)
-		return -ENOMEM;
-	/* no fstab, no /sbin/mount.* helpers: exactly this bind mount */
-	mnt_context_disable_helpers(cxt, 1);
-	mnt_context_set_optsmode(cxt, MNT_OMODE_IGNORE);
-	if (mnt_context_set_source(cxt, source) ||
-	    mnt_context_set_target(cxt, target) ||
-	    mnt_context_set_mflags(cxt, MS_BIND | flags)) {
-		ret = -ENOMEM;
-		goto out;
-	}
-	rc = mnt_context_mount(cxt);
-	if (mnt_context_syscall_called(cxt) &&
-	    mnt_context_get_syscall_errno(cxt))
-		ret = -mnt_context_get_syscall_errno(cxt);
-	else if (rc < 0)
-		ret = rc;
-	else if (rc > 0 || mnt_context_get_status(cxt) != 1)
-		ret = -EIO;
-out:
-	mnt_free_context(cxt);
-	return ret;
+static void csi_probe_put(struct csi_probe *pr)
+{
+	if (atomic_fetch_sub(&pr->refs, 1) != 1)
+		return;
+	close(pr->fd);
+	close(pr->pipe[0]);
+	close(pr->pipe[1]);
+	free(pr);
+}
+
+static void *csi_probe_thread(void *arg)
+{
+	struct csi_probe *pr = arg;
+	struct statfs st;
+
+	if (fstatfs(pr->fd, &st) < 0)
+		pr->err = -errno;
+	else
+		pr->err = st.f_type == FUSE_SUPER_MAGIC ? 0 : -EIO;
+	/* the pipe orders the write of err before the caller's read */
+	if (write(pr->pipe[1], "", 1) < 0)
+		pr->err = -EIO;
+	csi_probe_put(pr);
+	return NULL;
 }
 
 /*
- * Unmounts whatever is on `target`. A busy mount is detached instead:
- * unpublish must not fail because a process in the pod still holds a
- * file, and the kernel frees the mount when the last user goes.
+ * 0 when the FUSE mount fd is on answers within timeout_ms: a statfs
+ * reaches the daemon only once it has taken the connection's INIT.
+ * -ENOTCONN (or another errno) when its daemon is gone, -ETIMEDOUT when
+ * it does not answer; the probe then waits on by itself, and ends when
+ * the daemon answers or dies.
  */
-int csi_mount_umount(const char *target)
+int csi_mnt_answers(int fd, int timeout_ms)
 {
-	if (umount2(target, UMOUNT_NOFOLLOW) == 0)
-		return 0;
-	if (errno == EBUSY && umount2(target, UMOUNT_NOFOLLOW | MNT_DETACH) == 0)
-		return 0;
-	return -errno;
-}
-
-/*
- * The topmost mount at exactly `path`: its fstype, source and device
- * number. -ENOENT when nothing is mounted there.
- */
-static int csi_mount_lookup(const char *path, char *fstype, size_t size,
-			    char *source, size_t ssize, dev_t *devno)
-{
-	struct libmnt_table *tb = mnt_new_table();
-	struct libmnt_iter *it = mnt_new_iter(MNT_ITER_BACKWARD);
-	struct libmnt_fs *fs;
-	int ret = -ENOENT;
-
-	if (!tb || !it) {
-		ret = -ENOMEM;
-		goto out;
-	}
-	if (mnt_table_parse_file(tb, "/proc/self/mountinfo")) {
-		ret = -EIO;
-		goto out;
-	}
-	while (mnt_table_next_fs(tb, it, &fs) == 0) {
-		const char *t = mnt_fs_get_target(fs);
-
-		if (!t || strcmp(t, path))
-			continue;
-		if (fstype)
-			snprintf(fstype, size, "%s", mnt_fs_get_fstype(fs) ?: "");
-		if (source)
-			snprintf(source, ssize, "%s", mnt_fs_get_source(fs) ?: "");
-		if (devno)
-			*devno = mnt_fs_get_devno(fs);
-		ret = 0;
-		break;
-	}
-out:
-	mnt_free_iter(it);
-	mnt_free_table(tb);
-	return ret;
-}
-
-int csi_mount_find(const char *path, char *fstype, size_t size, char *source,
-		   size_t ssize)
-{
-	return csi_mount_lookup(path, fstype, size, source, ssize, NULL);
-}
-
-/* 0 when both paths carry mounts of the same filesystem instance. */
-int csi_mount_same(const char *a, const char *b)
-{
-	dev_t da, db;
+	struct csi_probe *pr = calloc(1, sizeof(*pr));
+	struct pollfd pfd;
+	pthread_attr_t attr;
+	pthread_t t;
 	int ret;
 
-	ret = csi_mount_lookup(a, NULL, 0, NULL, 0, &da);
-	if (!ret)
-		ret = csi_mount_lookup(b, NULL, 0, NULL, 0, &db);
-	if (!ret && da != db)
-		ret = -ESTALE;
+	if (!pr)
+		return -ENOMEM;
+	atomic_init(&pr->refs, 2);
+	pr->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+	if (pr->fd < 0 || pipe2(pr->pipe, O_CLOEXEC) < 0) {
+		ret = -errno;
+		if (pr->fd >= 0)
+			close(pr->fd);
+		free(pr);
+		return ret;
+	}
+	pthread_attr_init(&attr);
+	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+	ret = -pthread_create(&t, &attr, csi_probe_thread, pr);
+	pthread_attr_destroy(&attr);
+	if (ret) {
+		atomic_store(&pr->refs, 1);
+		csi_probe_put(pr);
+		return ret;
+	}
+	pfd = (struct pollfd){ .fd = pr->pipe[0], .events = POLLIN };
+	ret = poll(&pfd, 1, timeout_ms) == 1 ? pr->err : -ETIMEDOUT;
+	csi_probe_put(pr);
 	return ret;
 }
 
-/* 0 when the FUSE mount at `path` answers; -ENOTCONN when its daemon died. */
-int csi_mount_alive(const char *path)
+/* Why a mount call failed, in words an operator can act on. */
+const char *csi_mnt_strerror(int err)
 {
-	struct statfs sfs;
+	if (err == -ENOSYS || err == -EOPNOTSUPP)
+		return "the kernel's mount API is missing here: the Node service needs Linux 6.8 or later (fsopen, open_tree, unique mount ids), which a seccomp filter or a tool such as valgrind may also hide";
+	return strerror(-err);
+}
 
-	if (statfs(path, &sfs) < 0)
+/* The mount the descriptor is on, and whether fd is that mount's root. */
+int csi_mnt_of(int fd, struct csi_mnt *m, bool *root)
+{
+	struct statx sx;
+
+	if (statx(fd, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC,
+		  STATX_MNT_ID_UNIQUE, &sx) < 0)
 		return -errno;
-	return sfs.f_type == FUSE_SUPER_MAGIC ? 0 : -ENOENT;
+	if (!(sx.stx_mask & STATX_MNT_ID_UNIQUE))
+		return -EOPNOTSUPP;	/* before Linux 6.8 */
+	m->id = sx.stx_mnt_id;
+	m->dev = makedev(sx.stx_dev_major, sx.stx_dev_minor);
+	if (root)
+		*root = (sx.stx_attributes_mask & STATX_ATTR_MOUNT_ROOT) &&
+			(sx.stx_attributes & STATX_ATTR_MOUNT_ROOT);
+	return 0;
+}
+
+/* 0 while the recorded mount exists (anywhere), -ENOENT once it is gone. */
+int csi_mnt_exists(const struct csi_mnt *m)
+{
+	struct csi_mnt_id_req req = { .size = sizeof(req), .mnt_id = m->id,
+				      .param = CSI_STATMOUNT_SB_BASIC };
+	struct csi_statmount sm;
+
+	if (!m->id)
+		return -ENOENT;
+	if (syscall(SYS_statmount, &req, &sm, sizeof(sm), 0) < 0)
+		return errno == ENOENT || errno == EINVAL ? -ENOENT : -errno;
+	/* the same id with another superblock cannot be; say gone if so */
+	return makedev(sm.sb_dev_major, sm.sb_dev_minor) == m->dev ? 0 : -ENOENT;
 }
 
 /*
- * Kubelet may reach its directories through a symlink; the mount table
- * has the resolved path. The parent is resolved, never the last
- * component, which may be a dead mount point or not exist yet.
+ * A new FUSE mount, not attached anywhere yet, with the options stratafs
+ * gives its own mounts: the kernel checks permissions, every user may
+ * enter, and devices and setuid files work as on kernel overlayfs. The
+ * source names the volume, so that mountinfo says which volume a mount
+ * serves. *fusefd is the connection, for the daemon.
  */
-int csi_path_canon(const char *path, char *out, size_t size)
+int csi_mnt_fuse(const char *source, int *fusefd, int *mntfd)
 {
-	char dir[PATH_MAX], base[PATH_MAX], real[PATH_MAX];
-	size_t len = strlen(path);
+	static const char *const flags[] = { "default_permissions",
+					     "allow_other" };
+	const char *strs[][2] = {
+		{ "fd", NULL },		{ "rootmode", "40000" },
+		{ "user_id", "0" },	{ "group_id", "0" },
+		{ "subtype", "stratafs" }, { "source", source },
+	};
+	char fdstr[16];
+	int fs = -1, ret = 0;
 
-	if (len >= sizeof(dir))
-		return -ENAMETOOLONG;
-	while (len > 1 && path[len - 1] == '/')
-		len--;
-	memcpy(dir, path, len);
-	dir[len] = '\0';
-	memcpy(base, dir, len + 1);
-	if (!strcmp(dir, "/")) {
-		snprintf(out, size, "/");
-		return 0;
-	}
-	if (!realpath(dirname(dir), real))
+	*mntfd = -1;
+	*fusefd = open("/dev/fuse", O_RDWR | O_CLOEXEC);
+	if (*fusefd < 0)
 		return -errno;
-	if ((size_t)snprintf(out, size, "%s/%s", strcmp(real, "/") ? real : "",
-			     basename(base)) >= size)
-		return -ENAMETOOLONG;
+	snprintf(fdstr, sizeof(fdstr), "%d", *fusefd);
+	strs[0][1] = fdstr;
+	fs = fsopen("fuse", FSOPEN_CLOEXEC);
+	if (fs < 0) {
+		ret = -errno;
+		goto out_err;
+	}
+	for (size_t i = 0; i < sizeof(strs) / sizeof(strs[0]); i++)
+		if (fsconfig(fs, FSCONFIG_SET_STRING, strs[i][0], strs[i][1], 0) < 0)
+			goto out_errno;
+	for (size_t i = 0; i < sizeof(flags) / sizeof(flags[0]); i++)
+		if (fsconfig(fs, FSCONFIG_SET_FLAG, flags[i], NULL, 0) < 0)
+			goto out_errno;
+	if (fsconfig(fs, FSCONFIG_CMD_CREATE, NULL, NULL, 0) < 0)
+		goto out_errno;
+	*mntfd = fsmount(fs, FSMOUNT_CLOEXEC, 0);
+	if (*mntfd < 0)
+		goto out_errno;
+	close(fs);
 	return 0;
+
+out_errno:
+	ret = -errno;
+out_err:
+	if (fs >= 0)
+		close(fs);
+	close(*fusefd);
+	*fusefd = -1;
+	*mntfd = -1;
+	return ret;
+}
+
+/*
+ * A detached bind mount of the mount at fd (the staging mount), with the
+ * capability's mount flags as mount attributes.
+ */
+int csi_mnt_clone(int fd, unsigned long msflags, int *treefd)
+{
+	static const struct {
+		unsigned long ms;
+		uint64_t attr;
+	} map[] = {
+		{ MS_RDONLY, MOUNT_ATTR_RDONLY },   { MS_NOSUID, MOUNT_ATTR_NOSUID },
+		{ MS_NODEV, MOUNT_ATTR_NODEV },	    { MS_NOEXEC, MOUNT_ATTR_NOEXEC },
+		{ MS_NODIRATIME, MOUNT_ATTR_NODIRATIME },
+	};
+	struct mount_attr attr = { 0 };
+
+	*treefd = open_tree(fd, "", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC |
+				    AT_EMPTY_PATH);
+	if (*treefd < 0)
+		return -errno;
+	for (size_t i = 0; i < sizeof(map) / sizeof(map[0]); i++)
+		if (msflags & map[i].ms)
+			attr.attr_set |= map[i].attr;
+	/* atime is one setting with three values, not independent bits */
+	if (msflags & MS_NOATIME) {
+		attr.attr_set |= MOUNT_ATTR_NOATIME;
+		attr.attr_clr |= MOUNT_ATTR__ATIME;
+	} else if (msflags & MS_RELATIME) {
+		attr.attr_set |= MOUNT_ATTR_RELATIME;
+		attr.attr_clr |= MOUNT_ATTR__ATIME;
+	}
+	if ((attr.attr_set || attr.attr_clr) &&
+	    mount_setattr(*treefd, "", AT_EMPTY_PATH, &attr, sizeof(attr)) < 0) {
+		int ret = -errno;
+
+		close(*treefd);
+		*treefd = -1;
+		return ret;
+	}
+	return 0;
+}
+
+/*
+ * Attaches a detached mount onto the directory dirfd holds. Beneath:
+ * under the mount that is on top there now, so that the path never shows
+ * the directory below while one mount replaces another.
+ */
+int csi_mnt_attach(int mntfd, int dirfd, bool beneath)
+{
+	unsigned int flags = MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH;
+
+	if (beneath)
+		flags |= MOVE_MOUNT_BENEATH;
+	return move_mount(mntfd, "", dirfd, "", flags) < 0 ? -errno : 0;
+}
+
+/*
+ * Detaches the very mount fd is on (fd at its root). Lazily: the fd
+ * itself keeps the mount busy, and a pod that still holds a file must not
+ * make the call fail; the kernel frees the mount once its last user goes.
+ */
+int csi_mnt_detach(int fd)
+{
+	char path[32];
+
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+	return umount2(path, MNT_DETACH) < 0 ? -errno : 0;
+}
+
+/*
+ * The recorded mount, if it is the one on top at the directory pp names:
+ * its descriptor in *fd (the caller closes it). 1 when it is, 0 when the
+ * path shows something else (*fd -1), or a negative errno. *top says what
+ * is on top there (id 0 when nothing is mounted at the path itself).
+ */
+int csi_mnt_at(const struct csi_path *pp, const struct csi_mnt *want, int *fd,
+	       struct csi_mnt *top)
+{
+	bool root;
+	int ret;
+
+	*fd = csi_path_open(pp, false, NULL);
+	top->id = 0;
+	top->dev = 0;
+	if (*fd < 0)
+		return *fd;
+	ret = csi_mnt_of(*fd, top, &root);
+	if (ret == 0 && !root)
+		top->id = 0;
+	if (ret == 0 && top->id && top->id == want->id && top->dev == want->dev)
+		return 1;
+	close(*fd);
+	*fd = -1;
+	return ret;
 }

@@ -1,11 +1,22 @@
 /*
- * The Node service: staging starts a stratafs daemon for the volume,
- * publishing bind-mounts that mount into a pod's directory. Every handler
- * has the same order: check the request, mark the volume busy, load its
- * records, return early when the work is already done, act, save, reply.
+ * The Node service: staging starts a stratafs daemon on a new FUSE mount
+ * and attaches it at the staging path; publishing attaches a bind clone
+ * of that mount at a pod's target path. Every handler has the same
+ * order: check the request, mark the volume busy, load its records,
+ * return early when the work is already done, act, save, reply.
+ *
+ * What the plugin owns, it owns by record: each mount it attaches is
+ * recorded (node/<id>.json) with its unique id before it is attached,
+ * and an unstage or unpublish acts only on the mount recorded for that
+ * volume at that path, and removes only a directory it made. A path
+ * that holds anything else is answered as the spec answers "not staged
+ * (published) there", and left alone. The paths themselves pass through
+ * csi/path.c, which refuses symlinks, non-canonical forms and the
+ * plugin's own directories.
  */
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,36 +41,40 @@ static const Csi__V1__NodeUnpublishVolumeResponse csi_unpublish_out =
 struct csi_node_req {
 	const char *id;
 	char own_id[CSI_VOLUME_ID_LEN + 1]; /* an inline volume's, in the store */
-	char path[PATH_MAX];	/* staging or target, canonical */
-	char staging[PATH_MAX];	/* canonical, where both are given */
+	bool inline_id;		/* named by kubelet's inline-volume id */
+	struct csi_path path;	/* staging (stage, unstage) or target */
+	struct csi_path staging; /* publish: the staging path */
 	char *flags;		/* canonical mount flags of the capability */
 	unsigned long mflags;
+	int mode;		/* the capability's access mode */
 	bool busy;
 	struct csi_volume v;	/* the volume's record, once loaded */
 	struct csi_node_vol n;	/* its node record, once loaded */
 };
 
-static int csi_node_path(struct csi_reply *r, const char *field,
-			 const char *path, char *out)
+static void csi_node_init(struct csi_node_req *nr)
 {
-	char why[256];
+	memset(nr, 0, sizeof(*nr));
+	csi_path_init(&nr->path);
+	csi_path_init(&nr->staging);
+}
+
+/* A path field: required, then checked and resolved (csi/path.c). */
+static int csi_node_path(struct csi_plugin *p, struct csi_reply *r,
+			 const char *field, const char *path,
+			 struct csi_path *pp)
+{
+	char why[512];
 	int ret;
 
 	if (!path[0]) {
 		csi_reply_set(r, CSI_INVALID_ARGUMENT, "%s is required", field);
 		return -EINVAL;
 	}
-	if (csi_path_check(path, why, sizeof(why))) {
-		csi_reply_set(r, CSI_INVALID_ARGUMENT, "%s: %s", field, why);
-		return -EINVAL;
-	}
-	ret = csi_path_canon(path, out, PATH_MAX);
-	if (ret) {
-		csi_reply_set(r, CSI_NOT_FOUND,
-			      "%s: the parent of %s: %s", field, path, strerror(-ret));
-		return ret;
-	}
-	return 0;
+	ret = csi_path_resolve(p, path, pp, why, sizeof(why));
+	if (ret)
+		csi_path_reply(r, field, ret, why);
+	return ret;
 }
 
 /* The volume id and, where the call needs one, the capability. */
@@ -86,6 +101,8 @@ static int csi_node_check(struct csi_reply *r, struct csi_node_req *nr,
 		csi_reply_set(r, CSI_INVALID_ARGUMENT, "%s", why);
 		return -EINVAL;
 	}
+	if (cap)
+		nr->mode = cap->access_mode->mode;
 	return 0;
 }
 
@@ -115,19 +132,52 @@ static void csi_node_end(struct csi_plugin *p, struct csi_node_req *nr)
 	csi_volume_free(&nr->v);
 	if (nr->busy)
 		csi_busy_leave(&p->store, nr->id);
+	csi_path_release(&nr->path);
+	csi_path_release(&nr->staging);
 	free(nr->flags);
 }
 
-/* Loads the volume record: NOT_FOUND when there is none. */
+/*
+ * Loads the volume record: NOT_FOUND when there is none. An inline
+ * volume is reached only by the id kubelet gave it, never by its store
+ * id, so that a call naming a store id can never act on a pod's inline
+ * volume.
+ */
 static int csi_node_volume(struct csi_plugin *p, struct csi_reply *r,
-			   const char *id, struct csi_volume *v)
+			   struct csi_node_req *nr)
 {
-	int ret = csi_volume_load(&p->store, id, v);
+	int ret;
 
+	if (nr->v.name)
+		return 0;
+	ret = csi_volume_load(&p->store, nr->id, &nr->v);
+	if (ret == 0 && nr->v.ephemeral && !nr->inline_id) {
+		csi_volume_free(&nr->v);
+		ret = -ENOENT;
+	}
 	if (ret)
-		csi_reply_set(r, ret == -ENOENT ? CSI_NOT_FOUND :
-			      CSI_INTERNAL, "volume %s: %s", id,
+		csi_reply_set(r, ret == -ENOENT ? CSI_NOT_FOUND : CSI_INTERNAL,
+			      "volume %s: %s", nr->id,
 			      ret == -ENOENT ? "no such volume" : strerror(-ret));
+	return ret;
+}
+
+/*
+ * Loads the node record: 0 staged, 1 not staged, or an error, answered.
+ * A record that cannot be read is never taken for "not staged": the
+ * call fails, naming it, and nothing is acted on.
+ */
+static int csi_node_state(struct csi_plugin *p, struct csi_reply *r,
+			  struct csi_node_req *nr)
+{
+	int ret = csi_state_load(&p->store, nr->id, &nr->n);
+
+	if (ret == -ENOENT)
+		return 1;
+	if (ret)
+		csi_reply_set(r, CSI_INTERNAL,
+			      "the node record %s/node/%s.json cannot be read (%s): nothing was changed; repair or remove it",
+			      p->store.root, nr->id, strerror(-ret));
 	return ret;
 }
 
@@ -160,16 +210,67 @@ static int csi_count_staged(struct csi_plugin *p)
 }
 
 /*
- * Stages a volume that is not staged: starts its daemon on nr->staging and
- * records it. Shared by NodeStageVolume and inline volumes.
+ * Opens the directory a mount is to go on: made when missing (*created
+ * says so), never a file, never a symlink, and with nothing mounted on
+ * it already.
+ */
+static int csi_node_mountpoint(struct csi_reply *r, const char *field,
+			       const struct csi_path *pp, bool *created)
+{
+	struct csi_mnt m;
+	bool root;
+	int fd, ret;
+
+	fd = csi_path_open(pp, true, created);
+	if (fd < 0) {
+		if (fd == -ENOTDIR || fd == -ELOOP)
+			csi_reply_set(r, CSI_INVALID_ARGUMENT,
+				      "%s: '%s' is %s: a volume is mounted only on a directory",
+				      field, pp->path,
+				      fd == -ELOOP ? "a symlink" : "not a directory");
+		else
+			csi_reply_errno(r, fd, field);
+		return fd;
+	}
+	ret = csi_mnt_of(fd, &m, &root);
+	if (ret == 0 && root)
+		ret = -EBUSY;
+	if (ret) {
+		close(fd);
+		if (ret == -EBUSY)
+			csi_reply_set(r, CSI_FAILED_PRECONDITION,
+				      "%s: '%s' already has a mount that is not this volume's: nothing was mounted",
+				      field, pp->path);
+		else
+			csi_reply_errno(r, ret, field);
+		return ret;
+	}
+	return fd;
+}
+
+/* Removes a directory the plugin made, if it is still one and empty. */
+static void csi_node_rmdir(const struct csi_path *pp, bool created)
+{
+	if (!created || pp->parent < 0)
+		return;
+	if (unlinkat(pp->parent, pp->name, AT_REMOVEDIR) < 0 && errno != ENOENT)
+		strata_warn("%s: left in place: %s", pp->path, strerror(errno));
+}
+
+/*
+ * Stages a volume that is not staged: a daemon on a new mount, recorded,
+ * then attached at the staging path. Shared by NodeStageVolume and
+ * inline volumes.
  */
 static int csi_node_start(struct csi_plugin *p, struct csi_reply *r,
-			  struct csi_node_req *nr, const struct csi_volume *v,
-			  struct csi_node_vol *n,
+			  struct csi_node_req *nr, const struct csi_path *pp,
 			  const Csi__V1__VolumeCapability *cap)
 {
+	const struct csi_volume *v = &nr->v;
+	struct csi_node_vol *n = &nr->n;
+	int dirfd, mntfd = -1, ret;
 	char why[512];
-	int ret;
+	bool created;
 
 	if (p->cfg.max_volumes && csi_count_staged(p) >= p->cfg.max_volumes) {
 		csi_reply_set(r, CSI_RESOURCE_EXHAUSTED,
@@ -177,78 +278,130 @@ static int csi_node_start(struct csi_plugin *p, struct csi_reply *r,
 			      (long long)p->cfg.max_volumes);
 		return -ENOSPC;
 	}
-	if (mkdir(nr->staging, 0750) < 0 && errno != EEXIST) {
-		ret = -errno;
-		csi_reply_errno(r, ret, "staging_target_path");
-		return ret;
-	}
-	ret = csi_mount_group(p, nr->id, cap);
+	dirfd = csi_node_mountpoint(r, "staging_target_path", pp, &created);
+	if (dirfd < 0)
+		return dirfd;
+	ret = csi_mount_group(p, v->id, cap);
 	if (ret) {
 		csi_reply_errno(r, ret, "volume_mount_group");
-		return ret;
+		goto out_rmdir;
 	}
-	memcpy(n->id, nr->id, sizeof(n->id));
-	n->staging = strdup(nr->staging);
+	csi_state_free(n);
+	memcpy(n->id, v->id, sizeof(n->id));
+	n->staging = strdup(pp->path);
 	n->stage_flags = strdup(nr->flags);
+	n->staging_created = created;
 	if (!n->staging || !n->stage_flags) {
-		csi_reply_errno(r, -ENOMEM, "NodeStageVolume");
-		return -ENOMEM;
+		ret = -ENOMEM;
+		csi_reply_errno(r, ret, "NodeStageVolume");
+		goto out_rmdir;
 	}
-	ret = csi_daemon_start(p, v, n->staging, n, why, sizeof(why));
+	ret = csi_daemon_start(p, v, n, &mntfd, why, sizeof(why));
 	if (ret) {
 		csi_reply_set(r, ret == -ENOENT ? CSI_FAILED_PRECONDITION :
 			      ret == -ENOSPC ? CSI_RESOURCE_EXHAUSTED :
 			      CSI_INTERNAL, "%s", why);
-		return ret;
+		goto out_rmdir;
+	}
+	/* recorded before it is attached: a crash in between leaves no orphan */
+	ret = csi_mnt_of(mntfd, &n->mnt, NULL);
+	if (ret) {
+		csi_reply_set(r, CSI_INTERNAL, "the new mount's id: %s",
+			      csi_mnt_strerror(ret));
+		goto out_stop;
 	}
 	ret = csi_state_save(&p->store, n);
 	if (ret) {
-		csi_daemon_stop(p, n);
 		csi_reply_errno(r, ret, "saving the node record");
-		return ret;
+		goto out_stop;
 	}
+	ret = csi_mnt_attach(mntfd, dirfd, false);
+	if (ret) {
+		csi_reply_errno(r, ret, "attaching the mount at staging_target_path");
+		csi_state_remove(&p->store, n->id);
+		goto out_stop;
+	}
+	close(mntfd);
+	close(dirfd);
 	return 0;
+
+out_stop:
+	/* the detached mount goes with its last descriptor, and the daemon with it */
+	close(mntfd);
+	csi_daemon_stop(p, n);
+out_rmdir:
+	close(dirfd);
+	csi_node_rmdir(pp, created);
+	return ret;
+}
+
+/*
+ * A staged volume about to be used: its mount is ours and on top at the
+ * staging path, and it answers; a dead one is healed. Anything mounted
+ * over it is not ours to remove: FAILED_PRECONDITION.
+ */
+static int csi_node_ensure(struct csi_plugin *p, struct csi_reply *r,
+			   struct csi_node_req *nr)
+{
+	struct csi_path pp;
+	struct csi_mnt top;
+	char why[512];
+	int fd, ret;
+
+	/* a recorded path passed the guards when it was recorded */
+	ret = csi_path_resolve(NULL, nr->n.staging, &pp, why, sizeof(why));
+	if (ret == 0)
+		ret = csi_mnt_at(&pp, &nr->n.mnt, &fd, &top);
+	csi_path_release(&pp);
+	if (ret == 1) {
+		ret = csi_daemon_alive(&nr->n) ?
+		      csi_mnt_answers(fd, CSI_STAGE_TIMEOUT_MS) : -ENOTCONN;
+		close(fd);
+		if (ret == 0)
+			return 0;
+	} else if (ret == 0 && top.id && !csi_mnt_exists(&nr->n.mnt)) {
+		csi_reply_set(r, CSI_FAILED_PRECONDITION,
+			      "volume %s: its staging path %s is covered by a mount that is not this volume's",
+			      nr->id, nr->n.staging);
+		return -EBUSY;
+	}
+	ret = csi_heal(p, &nr->v, &nr->n, why, sizeof(why));
+	if (ret)
+		csi_reply_set(r, CSI_INTERNAL, "%s", why);
+	return ret;
 }
 
 static void csi_node_stage(struct csi_plugin *p, const ProtobufCMessage *msg,
 			   struct csi_reply *r)
 {
 	const Csi__V1__NodeStageVolumeRequest *req = (const void *)msg;
-	struct csi_node_req nr = { 0 };
-	char why[512];
+	struct csi_node_req nr;
 	int ret;
 
+	csi_node_init(&nr);
 	if (csi_node_check(r, &nr, req->volume_id, req->volume_capability, true) ||
-	    csi_node_path(r, "staging_target_path", req->staging_target_path,
-			  nr.staging) ||
-	    csi_node_lock(p, r, &nr) || csi_node_volume(p, r, nr.id, &nr.v))
+	    csi_node_path(p, r, "staging_target_path", req->staging_target_path,
+			  &nr.path) ||
+	    csi_node_lock(p, r, &nr) || csi_node_volume(p, r, &nr))
 		goto out;
-	ret = csi_state_load(&p->store, nr.id, &nr.n);
+	ret = csi_node_state(p, r, &nr);
+	if (ret < 0)
+		goto out;
 	if (ret == 0) {
-		if (strcmp(nr.n.staging, nr.staging) || strcmp(nr.n.stage_flags, nr.flags)) {
+		if (strcmp(nr.n.staging, nr.path.path) ||
+		    strcmp(nr.n.stage_flags, nr.flags)) {
 			csi_reply_set(r, CSI_ALREADY_EXISTS,
 				      "volume %s is already staged at %s%s", nr.id,
 				      nr.n.staging,
-				      strcmp(nr.n.staging, nr.staging) ? "" :
+				      strcmp(nr.n.staging, nr.path.path) ? "" :
 					      " with another capability");
 			goto out;
 		}
-		/* staged already: make sure it still answers */
-		if (!csi_daemon_alive(&nr.n) || csi_mount_alive(nr.n.staging)) {
-			ret = csi_heal(p, &nr.v, &nr.n, why, sizeof(why));
-			if (ret) {
-				csi_reply_set(r, CSI_INTERNAL, "%s", why);
-				goto out;
-			}
-		}
-		csi_reply_ok(r, (void *)&csi_stage_out);
+		if (csi_node_ensure(p, r, &nr) == 0)
+			csi_reply_ok(r, (void *)&csi_stage_out);
 		goto out;
 	}
-	if (ret != -ENOENT) {
-		csi_reply_errno(r, ret, "node record");
-		goto out;
-	}
-	if (csi_node_start(p, r, &nr, &nr.v, &nr.n, req->volume_capability))
+	if (csi_node_start(p, r, &nr, &nr.path, req->volume_capability))
 		goto out;
 	strata_info("volume %s staged at %s, stratafs pid %d", nr.id, nr.n.staging,
 		    (int)nr.n.pid);
@@ -257,29 +410,50 @@ out:
 	csi_node_end(p, &nr);
 }
 
-/* The staged volume's record; FAILED_PRECONDITION when it is not staged here. */
-static int csi_node_staged(struct csi_plugin *p, struct csi_reply *r,
-			   const char *id, const char *staging,
-			   struct csi_node_vol *n)
+/*
+ * Detaches the recorded mount at pp. 0 when it is gone (detached now,
+ * or gone before), 1 when it still exists but something else covers
+ * the path (left alone), or an error.
+ */
+static int csi_node_detach(const struct csi_path *pp, const struct csi_mnt *m)
 {
-	int ret = csi_state_load(&p->store, id, n);
+	struct csi_mnt top;
+	int fd, ret;
 
-	if (ret == -ENOENT) {
-		csi_reply_set(r, CSI_FAILED_PRECONDITION,
-			      "volume %s is not staged on this node", id);
+	ret = pp->parent >= 0 ? csi_mnt_at(pp, m, &fd, &top) : -ENOENT;
+	if (ret == 1) {
+		ret = csi_mnt_detach(fd);
+		close(fd);
 		return ret;
+	}
+	if (ret < 0 && ret != -ENOENT && ret != -ENOTDIR && ret != -ELOOP)
+		return ret;
+	return csi_mnt_exists(m) == 0 ? 1 : 0;
+}
+
+/* Everything a staged volume holds on the node, gone: mount, daemon, record. */
+static int csi_node_teardown(struct csi_plugin *p, struct csi_reply *r,
+			     struct csi_node_vol *n, const struct csi_path *pp)
+{
+	int ret = csi_node_detach(pp, &n->mnt);
+
+	if (ret == 1) {
+		strata_warn("volume %s: a mount that is not its own covers %s: left as it is",
+			    n->id, n->staging);
+		return 1;
 	}
 	if (ret) {
-		csi_reply_errno(r, ret, "node record");
+		csi_reply_errno(r, ret, "unmounting the staging path");
 		return ret;
 	}
-	if (staging && strcmp(n->staging, staging)) {
-		csi_reply_set(r, CSI_FAILED_PRECONDITION,
-			      "volume %s is staged at %s, not at %s", id,
-			      n->staging, staging);
-		csi_state_free(n);
-		return -EINVAL;
+	csi_daemon_stop(p, n);
+	ret = csi_state_remove(&p->store, n->id);
+	if (ret) {
+		csi_reply_errno(r, ret, "removing the node record");
+		return ret;
 	}
+	csi_state_remove_stats(&p->store, n->id);
+	csi_node_rmdir(pp, n->staging_created);
 	return 0;
 }
 
@@ -287,29 +461,36 @@ static void csi_node_unstage(struct csi_plugin *p, const ProtobufCMessage *msg,
 			     struct csi_reply *r)
 {
 	const Csi__V1__NodeUnstageVolumeRequest *req = (const void *)msg;
-	struct csi_node_req nr = { 0 };
+	struct csi_node_req nr;
+	char why[512];
 	int ret;
 
-	if (csi_node_check(r, &nr, req->volume_id, NULL, false) ||
-	    csi_node_path(r, "staging_target_path", req->staging_target_path,
-			  nr.staging) ||
-	    csi_node_lock(p, r, &nr))
+	csi_node_init(&nr);
+	if (csi_node_check(r, &nr, req->volume_id, NULL, false))
 		goto out;
-	ret = csi_state_load(&p->store, nr.id, &nr.n);
-	if (ret == -ENOENT) {
-		/* unstaged already; a volume that never existed is NOT_FOUND */
-		if (!csi_node_volume(p, r, nr.id, &nr.v))
-			csi_reply_ok(r, (void *)&csi_unstage_out);
+	if (!req->staging_target_path[0]) {
+		csi_reply_set(r, CSI_INVALID_ARGUMENT,
+			      "staging_target_path is required");
 		goto out;
 	}
-	if (ret) {
-		csi_reply_errno(r, ret, "node record");
+	/* a missing parent is a path where nothing can be staged: checked below */
+	ret = csi_path_resolve(p, req->staging_target_path, &nr.path, why,
+			       sizeof(why));
+	if (ret && ret != -ENOENT) {
+		csi_path_reply(r, "staging_target_path", ret, why);
 		goto out;
 	}
-	if (strcmp(nr.n.staging, nr.staging)) {
-		csi_reply_set(r, CSI_FAILED_PRECONDITION,
-			      "volume %s is staged at %s, not at %s", nr.id,
-			      nr.n.staging, nr.staging);
+	if (csi_node_lock(p, r, &nr) || csi_node_volume(p, r, &nr))
+		goto out;
+	ret = csi_node_state(p, r, &nr);
+	if (ret < 0)
+		goto out;
+	/* CSI v1.12: not staged at this path is OK, whatever is there */
+	if (ret == 1 || strcmp(nr.n.staging, req->staging_target_path)) {
+		if (ret == 0)
+			strata_warn("NodeUnstageVolume: volume %s is staged at %s, not at %s: nothing done",
+				    nr.id, nr.n.staging, req->staging_target_path);
+		csi_reply_ok(r, (void *)&csi_unstage_out);
 		goto out;
 	}
 	if (nr.n.ntargets) {
@@ -318,18 +499,11 @@ static void csi_node_unstage(struct csi_plugin *p, const ProtobufCMessage *msg,
 			      nr.id, nr.n.targets[0].path);
 		goto out;
 	}
-	ret = csi_daemon_stop(p, &nr.n);
-	if (ret) {
-		csi_reply_errno(r, ret, "unmounting the staging path");
+	ret = csi_node_teardown(p, r, &nr.n, &nr.path);
+	if (ret < 0)
 		goto out;
-	}
-	ret = csi_state_remove(&p->store, nr.id);
-	if (ret) {
-		csi_reply_errno(r, ret, "removing the node record");
-		goto out;
-	}
-	csi_state_remove_stats(&p->store, nr.id);
-	strata_info("volume %s unstaged from %s", nr.id, nr.n.staging);
+	if (ret == 0)
+		strata_info("volume %s unstaged from %s", nr.id, nr.n.staging);
 	csi_reply_ok(r, (void *)&csi_unstage_out);
 out:
 	csi_node_end(p, &nr);
@@ -353,12 +527,16 @@ static bool csi_is_ephemeral(const Csi__V1__NodePublishVolumeRequest *req)
 	return e && !strcmp(e, "true");
 }
 
-/* kubelet's ids ("csi-" and a hash) go into records, never into paths */
+/*
+ * Kubelet's ids ("csi-" and a hash) go into records, never into paths.
+ * One that looks like a store id is refused: it could be confused with a
+ * volume the controller made.
+ */
 static bool csi_ephemeral_id_valid(const char *id)
 {
 	size_t len = strlen(id);
 
-	if (len == 0 || len > CSI_NAME_MAX)
+	if (len == 0 || len > CSI_NAME_MAX || csi_volume_id_valid(id))
 		return false;
 	for (const char *c = id; *c; c++)
 		if (!isalnum((unsigned char)*c) && *c != '-' && *c != '_' &&
@@ -377,11 +555,6 @@ static int csi_ephemeral_volume(struct csi_plugin *p, struct csi_reply *r,
 	char why[384];
 	int ret;
 
-	if (!csi_ephemeral_id_valid(req->volume_id)) {
-		csi_reply_set(r, CSI_INVALID_ARGUMENT,
-			      "inline volume id '%.64s' is malformed", req->volume_id);
-		return -EINVAL;
-	}
 	ret = csi_volume_options_check(req->n_volume_context,
 				       (void *const *)req->volume_context,
 				       "volume attribute", &passthrough, why,
@@ -422,6 +595,25 @@ out_unlock:
 	return ret;
 }
 
+/* <root>/ephemeral/<id>: the plugin's own, so no guard applies to it. */
+static int csi_ephemeral_staging(struct csi_plugin *p, struct csi_reply *r,
+				 const char *id, struct csi_path *pp)
+{
+	char path[PATH_MAX], why[512];
+	int ret;
+
+	if (mkdirat(p->store.root_fd, "ephemeral", 0700) < 0 && errno != EEXIST) {
+		ret = -errno;
+		csi_reply_errno(r, ret, "the store's ephemeral directory");
+		return ret;
+	}
+	snprintf(path, sizeof(path), "%s/ephemeral/%s", p->store.root, id);
+	ret = csi_path_resolve(NULL, path, pp, why, sizeof(why));
+	if (ret)
+		csi_reply_set(r, CSI_INTERNAL, "inline volume staging path: %s", why);
+	return ret;
+}
+
 /*
  * Makes an inline volume ready for the ordinary publish path: created,
  * marked busy under its store id, and staged.
@@ -430,218 +622,357 @@ static int csi_ephemeral_prepare(struct csi_plugin *p, struct csi_reply *r,
 				 const Csi__V1__NodePublishVolumeRequest *req,
 				 struct csi_node_req *nr)
 {
-	struct csi_node_vol n = { 0 };
-	struct csi_volume v = { 0 };
 	int ret;
 
-	ret = csi_ephemeral_volume(p, r, req, &v);
+	nr->inline_id = true;
+	ret = csi_ephemeral_volume(p, r, req, &nr->v);
 	if (ret)
 		return ret;
-	memcpy(nr->own_id, v.id, sizeof(nr->own_id));
+	memcpy(nr->own_id, nr->v.id, sizeof(nr->own_id));
 	nr->id = nr->own_id;
-	snprintf(nr->staging, sizeof(nr->staging), "%s/ephemeral/%s",
-		 p->store.root, v.id);
 	ret = csi_node_lock(p, r, nr);
+	if (!ret)
+		ret = csi_ephemeral_staging(p, r, nr->id, &nr->staging);
 	if (ret)
-		goto out;
-	ret = csi_state_load(&p->store, nr->id, &n);
-	if (ret == -ENOENT) {
-		if (mkdirat(p->store.root_fd, "ephemeral", 0700) < 0 &&
-		    errno != EEXIST) {
-			ret = -errno;
-			csi_reply_errno(r, ret, "the store's ephemeral directory");
-			goto out;
-		}
-		ret = csi_node_start(p, r, nr, &v, &n, req->volume_capability);
-	} else if (ret) {
-		csi_reply_errno(r, ret, "node record");
-	}
-out:
-	csi_state_free(&n);
-	csi_volume_free(&v);
-	return ret;
+		return ret;
+	ret = csi_node_state(p, r, nr);
+	if (ret != 1)
+		return ret;
+	return csi_node_start(p, r, nr, &nr->staging, req->volume_capability);
 }
 
-/* The pod is gone: the inline volume goes with its last target. */
+/* The inline volume goes once no pod uses it: unstaged and deleted. */
 static int csi_ephemeral_remove(struct csi_plugin *p, struct csi_reply *r,
-				struct csi_node_vol *n)
+				struct csi_node_req *nr, bool staged)
 {
+	struct csi_path pp;
 	int ret;
 
-	if (n->ntargets)
+	if (staged && nr->n.ntargets)
 		return 0;
-	ret = csi_daemon_stop(p, n);
-	if (!ret)
-		ret = csi_state_remove(&p->store, n->id);
-	if (ret) {
-		csi_reply_errno(r, ret, "removing the inline volume");
-		return ret;
+	if (staged) {
+		ret = csi_ephemeral_staging(p, r, nr->id, &pp);
+		if (ret)
+			return ret;
+		ret = csi_node_teardown(p, r, &nr->n, &pp);
+		csi_path_release(&pp);
+		if (ret < 0)
+			return ret;
+		if (ret == 1) {
+			csi_reply_set(r, CSI_INTERNAL,
+				      "inline volume %s: its staging path is covered by another mount",
+				      nr->id);
+			return -EBUSY;
+		}
 	}
-	csi_state_remove_stats(&p->store, n->id);
-	rmdir(n->staging);
-	ret = csi_volume_delete(&p->store, n->id);
+	ret = csi_volume_delete(&p->store, nr->id);
 	if (ret)
 		csi_reply_errno(r, ret, "deleting the inline volume");
 	return ret;
+}
+
+static bool csi_mode_multi(int mode)
+{
+	return mode == CSI__V1__VOLUME_CAPABILITY__ACCESS_MODE__MODE__SINGLE_NODE_MULTI_WRITER;
+}
+
+/*
+ * A second publish of the volume on this node, at another target: CSI
+ * v1.12's second table (the plugin has SINGLE_NODE_MULTI_WRITER). Only
+ * SINGLE_NODE_MULTI_WRITER may be published at several targets, and
+ * never with another capability than the first.
+ */
+static int csi_publish_another(struct csi_reply *r, struct csi_node_req *nr)
+{
+	const struct csi_target *t = &nr->n.targets[0];
+
+	if (t->mode != nr->mode || strcmp(t->flags, nr->flags)) {
+		csi_reply_set(r, CSI_FAILED_PRECONDITION,
+			      "volume %s is published at %s with another capability",
+			      nr->id, t->path);
+		return -EBUSY;
+	}
+	if (!csi_mode_multi(nr->mode)) {
+		csi_reply_set(r, CSI_FAILED_PRECONDITION,
+			      "volume %s is already published at %s, and its access mode allows one target on a node (SINGLE_NODE_MULTI_WRITER allows several)",
+			      nr->id, t->path);
+		return -EBUSY;
+	}
+	return 0;
+}
+
+/*
+ * Already published at this target: OK when the request agrees and the
+ * recorded bind is still there (1), ALREADY_EXISTS when it does not
+ * agree, and 0 when the bind is gone and must be made again.
+ */
+static int csi_publish_again(struct csi_reply *r, struct csi_node_req *nr,
+			     const struct csi_target *t, bool ro)
+{
+	struct csi_mnt top;
+	int fd, ret;
+
+	if (t->readonly != ro || t->mode != nr->mode || strcmp(t->flags, nr->flags)) {
+		csi_reply_set(r, CSI_ALREADY_EXISTS,
+			      "volume %s is already published at %s with other options",
+			      nr->id, nr->path.path);
+		return -EEXIST;
+	}
+	ret = csi_mnt_at(&nr->path, &t->mnt, &fd, &top);
+	if (ret == 1) {
+		close(fd);
+		return 1;
+	}
+	if (csi_mnt_exists(&t->mnt) == 0) {
+		csi_reply_set(r, CSI_FAILED_PRECONDITION,
+			      "%s: the volume's bind mount there is covered by another mount",
+			      nr->path.path);
+		return -EBUSY;
+	}
+	return 0;
+}
+
+/* Binds the staged volume at nr->path, recording the bind before it is made. */
+static int csi_publish_bind(struct csi_plugin *p, struct csi_reply *r,
+			    struct csi_node_req *nr, bool ro, bool made_before)
+{
+	struct csi_target *t;
+	int dirfd, stagefd = -1, treefd = -1, ret;
+	struct csi_mnt top;
+	bool created;
+
+	dirfd = csi_node_mountpoint(r, "target_path", &nr->path, &created);
+	if (dirfd < 0)
+		return dirfd;
+	ret = csi_mnt_at(&nr->staging, &nr->n.mnt, &stagefd, &top);
+	if (ret != 1) {
+		csi_reply_set(r, CSI_INTERNAL,
+			      "volume %s: its staging mount is not at %s",
+			      nr->id, nr->n.staging);
+		ret = -ESTALE;
+		goto out;
+	}
+	ret = csi_mnt_clone(stagefd, nr->mflags | (ro ? MS_RDONLY : 0), &treefd);
+	if (ret) {
+		csi_reply_set(r, CSI_INTERNAL, "bind mount: %s",
+			      csi_mnt_strerror(ret));
+		goto out;
+	}
+	ret = csi_state_add_target(&nr->n, nr->path.path, ro, nr->flags);
+	if (ret) {
+		csi_reply_errno(r, ret, "NodePublishVolume");
+		goto out;
+	}
+	t = &nr->n.targets[nr->n.ntargets - 1];
+	t->mode = nr->mode;
+	t->created = created || made_before;
+	ret = csi_mnt_of(treefd, &t->mnt, NULL);
+	if (!ret)
+		ret = csi_state_save(&p->store, &nr->n);
+	if (ret) {
+		csi_reply_errno(r, ret, "saving the node record");
+		goto out;
+	}
+	ret = csi_mnt_attach(treefd, dirfd, false);
+	if (ret) {
+		csi_reply_errno(r, ret, "attaching the bind mount at target_path");
+		csi_state_drop_target(&nr->n, nr->path.path);
+		csi_state_save(&p->store, &nr->n);
+	}
+out:
+	if (treefd >= 0)
+		close(treefd);
+	if (stagefd >= 0)
+		close(stagefd);
+	close(dirfd);
+	if (ret)
+		csi_node_rmdir(&nr->path, created);
+	return ret;
+}
+
+/*
+ * What can be said of a target before anything is made for it: it may be
+ * missing, or a directory, never a file or a symlink.
+ */
+static int csi_publish_precheck(struct csi_reply *r, const struct csi_path *pp)
+{
+	struct stat st;
+
+	if (fstatat(pp->parent, pp->name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+		return 0;
+	if (S_ISDIR(st.st_mode))
+		return 0;
+	csi_reply_set(r, CSI_INVALID_ARGUMENT,
+		      "target_path: '%s' is %s: a volume is mounted only on a directory",
+		      pp->path, S_ISLNK(st.st_mode) ? "a symlink" : "not a directory");
+	return -ENOTDIR;
 }
 
 static void csi_node_publish(struct csi_plugin *p, const ProtobufCMessage *msg,
 			     struct csi_reply *r)
 {
 	const Csi__V1__NodePublishVolumeRequest *req = (const void *)msg;
-	struct csi_node_req nr = { 0 };
+	bool eph = csi_is_ephemeral(req);
+	bool ro, made_before = false;
+	struct csi_node_req nr;
 	struct csi_target *t;
-	bool ro, created = false;
-	char why[512];
 	int ret;
 
+	csi_node_init(&nr);
 	if (csi_node_check(r, &nr, req->volume_id, req->volume_capability, true) ||
-	    csi_node_path(r, "target_path", req->target_path, nr.path))
+	    csi_node_path(p, r, "target_path", req->target_path, &nr.path) ||
+	    csi_publish_precheck(r, &nr.path))
 		goto out;
-	if (csi_is_ephemeral(req)) {
-		if (csi_ephemeral_prepare(p, r, req, &nr))
+	if (eph) {
+		if (!csi_ephemeral_id_valid(req->volume_id)) {
+			csi_reply_set(r, CSI_INVALID_ARGUMENT,
+				      "inline volume id '%.64s' is malformed, or looks like a store volume's id",
+				      req->volume_id);
 			goto out;
-	} else if (csi_node_path(r, "staging_target_path",
-				 req->staging_target_path, nr.staging)) {
+		}
+		if (csi_ephemeral_prepare(p, r, req, &nr))
+			goto out_eph;
+	} else if (!req->staging_target_path[0]) {
+		csi_reply_set(r, CSI_FAILED_PRECONDITION,
+			      "staging_target_path is required: this plugin stages volumes (STAGE_UNSTAGE_VOLUME)");
+		goto out;
+	} else if (csi_node_path(p, r, "staging_target_path",
+				 req->staging_target_path, &nr.staging)) {
 		goto out;
 	}
-	if (csi_node_lock(p, r, &nr) || csi_node_volume(p, r, nr.id, &nr.v) ||
-	    csi_node_staged(p, r, nr.id, nr.staging, &nr.n))
-		goto out;
+	if (csi_node_lock(p, r, &nr) || csi_node_volume(p, r, &nr))
+		goto out_eph;
+	ret = csi_node_state(p, r, &nr);
+	if (ret < 0)
+		goto out_eph;
+	if (ret == 1 || strcmp(nr.n.staging, nr.staging.path)) {
+		csi_reply_set(r, CSI_FAILED_PRECONDITION,
+			      "volume %s is not staged at %s", nr.id, nr.staging.path);
+		goto out_eph;
+	}
 	ro = req->readonly || (nr.mflags & MS_RDONLY) ||
 	     csi_capability_readonly(req->volume_capability);
-	t = csi_state_target(&nr.n, nr.path);
+	t = csi_state_target(&nr.n, nr.path.path);
 	if (t) {
-		if (t->readonly != ro || strcmp(t->flags, nr.flags)) {
-			csi_reply_set(r, CSI_ALREADY_EXISTS,
-				      "volume %s is already published at %s with other options",
-				      nr.id, nr.path);
-			goto out;
-		}
-		if (!csi_mount_same(nr.n.staging, nr.path)) {
+		ret = csi_publish_again(r, &nr, t, ro);
+		if (ret == 1)
 			csi_reply_ok(r, (void *)&csi_publish_out);
-			goto out;
-		}
-		/* recorded but its mount is gone: bind it again below */
-		csi_state_drop_target(&nr.n, nr.path);
+		if (ret)
+			goto out_eph;
+		/* recorded, but its bind is gone: made again below */
+		made_before = t->created;
+		csi_state_drop_target(&nr.n, nr.path.path);
 	}
-	if (!csi_daemon_alive(&nr.n) || csi_mount_alive(nr.n.staging)) {
-		ret = csi_heal(p, &nr.v, &nr.n, why, sizeof(why));
-		if (ret) {
-			csi_reply_set(r, CSI_INTERNAL, "%s", why);
-			goto out;
-		}
-	}
-	if (!csi_mount_find(nr.path, NULL, 0, NULL, 0)) {
-		csi_reply_set(r, CSI_ALREADY_EXISTS,
-			      "%s already has a mount that is not this volume's",
-			      nr.path);
-		goto out;
-	}
-	if (mkdir(nr.path, 0750) == 0)
-		created = true;
-	else if (errno != EEXIST) {
-		csi_reply_errno(r, -errno, "target_path");
-		goto out;
-	}
-	ret = csi_mount_bind(nr.n.staging, nr.path, nr.mflags | (ro ? MS_RDONLY : 0));
-	if (ret) {
-		csi_reply_errno(r, ret, "bind mount");
-		goto out_rmdir;
-	}
-	ret = csi_state_add_target(&nr.n, nr.path, ro, nr.flags);
-	if (!ret)
-		ret = csi_state_save(&p->store, &nr.n);
-	if (ret) {
-		csi_mount_umount(nr.path);
-		csi_reply_errno(r, ret, "saving the node record");
-		goto out_rmdir;
-	}
+	if (nr.n.ntargets && csi_publish_another(r, &nr))
+		goto out_eph;
+	if (csi_node_ensure(p, r, &nr) ||
+	    csi_publish_bind(p, r, &nr, ro, made_before))
+		goto out_eph;
 	csi_reply_ok(r, (void *)&csi_publish_out);
 	goto out;
-out_rmdir:
-	if (created)
-		rmdir(nr.path);
+out_eph:
+	/* an inline volume no pod got leaves nothing behind */
+	if (eph && r->code != CSI_OK && nr.busy && nr.v.name &&
+	    !nr.n.ntargets) {
+		struct csi_reply undo = { 0 };
+
+		if (csi_ephemeral_remove(p, &undo, &nr, nr.n.staging != NULL))
+			strata_warn("inline volume %s: cleaning up after a failed publish: %s",
+				    nr.id, undo.msg);
+		csi_reply_free(&undo);
+	}
 out:
 	csi_node_end(p, &nr);
 }
 
 /*
- * Unmounts the target even when the daemon under it is dead: the mount
- * table, not a stat of the path, says whether something is mounted.
+ * Kubelet names an inline volume by its own id after the publish too:
+ * the store volume behind it, or -ENOENT when there is none (any more).
+ * Never a volume the controller made: those are found by store id only.
  */
+static int csi_node_inline(struct csi_plugin *p, struct csi_reply *r,
+			   struct csi_node_req *nr)
+{
+	int ret = csi_volume_find(&p->store, nr->id, true, &nr->v);
+
+	if (ret == -ENOENT)
+		return ret;
+	if (ret) {
+		csi_reply_errno(r, ret, "store");
+		return ret;
+	}
+	nr->inline_id = true;
+	memcpy(nr->own_id, nr->v.id, sizeof(nr->own_id));
+	nr->id = nr->own_id;
+	return 0;
+}
+
 static void csi_node_unpublish(struct csi_plugin *p, const ProtobufCMessage *msg,
 			       struct csi_reply *r)
 {
 	const Csi__V1__NodeUnpublishVolumeRequest *req = (const void *)msg;
-	struct csi_node_req nr = { 0 };
-	char fstype[64];
-	bool staged;
-	int ret;
+	struct csi_node_req nr;
+	struct csi_target *t;
+	char why[512];
+	bool created;
+	int ret, staged;
 
-	if (csi_node_check(r, &nr, req->volume_id, NULL, false) ||
-	    csi_node_path(r, "target_path", req->target_path, nr.path))
+	csi_node_init(&nr);
+	if (csi_node_check(r, &nr, req->volume_id, NULL, false))
 		goto out;
-	/* kubelet names an inline volume by its own id */
+	if (!req->target_path[0]) {
+		csi_reply_set(r, CSI_INVALID_ARGUMENT, "target_path is required");
+		goto out;
+	}
+	/* a missing parent is a path where nothing can be published */
+	ret = csi_path_resolve(p, req->target_path, &nr.path, why, sizeof(why));
+	if (ret && ret != -ENOENT) {
+		csi_path_reply(r, "target_path", ret, why);
+		goto out;
+	}
 	if (!csi_volume_id_valid(nr.id) && csi_ephemeral_id_valid(nr.id)) {
-		if (csi_volume_find(&p->store, nr.id, true, &nr.v) == 0) {
-			memcpy(nr.own_id, nr.v.id, sizeof(nr.own_id));
-			nr.id = nr.own_id;
-		} else if (csi_mount_find(nr.path, NULL, 0, NULL, 0)) {
-			/* a retry after the last unpublish removed it: done */
-			if (rmdir(nr.path) < 0 && errno != ENOENT)
-				csi_reply_errno(r, -errno, "removing the target");
-			else
-				csi_reply_ok(r, (void *)&csi_unpublish_out);
+		ret = csi_node_inline(p, r, &nr);
+		/* gone already: a retry after the last unpublish removed it */
+		if (ret == -ENOENT)
+			csi_reply_ok(r, (void *)&csi_unpublish_out);
+		if (ret)
 			goto out;
-		}
 	}
-	if (csi_node_lock(p, r, &nr))
+	if (csi_node_lock(p, r, &nr) || csi_node_volume(p, r, &nr))
 		goto out;
-	staged = csi_state_load(&p->store, nr.id, &nr.n) == 0;
-	if (!staged && !nr.v.name && csi_node_volume(p, r, nr.id, &nr.v))
+	staged = csi_node_state(p, r, &nr);
+	if (staged < 0)
 		goto out;
-	/*
-	 * Only this volume's bind mounts are undone: one it recorded, or any
-	 * stratafs mount left from a record that was lost; never another's.
-	 */
-	if (!csi_mount_find(nr.path, fstype, sizeof(fstype), NULL, 0) &&
-	    !(staged && csi_state_target(&nr.n, nr.path)) &&
-	    strcmp(fstype, "fuse.stratafs")) {
-		csi_reply_set(r, CSI_FAILED_PRECONDITION,
-			      "%s has a %s mount that is not this volume's",
-			      nr.path, fstype);
-		goto out;
-	}
-	while (!csi_mount_find(nr.path, NULL, 0, NULL, 0)) {
-		ret = csi_mount_umount(nr.path);
-		if (ret) {
-			csi_reply_errno(r, ret, "unmounting the target");
+	t = staged == 0 ? csi_state_target(&nr.n, req->target_path) : NULL;
+	if (!t) {
+		/* CSI v1.12: not published there is OK; a mount there is not ours */
+		if (staged == 1 && nr.v.ephemeral &&
+		    csi_ephemeral_remove(p, r, &nr, false))
 			goto out;
-		}
-	}
-	if (rmdir(nr.path) < 0 && errno != ENOENT) {
-		csi_reply_errno(r, -errno, "removing the target");
+		csi_reply_ok(r, (void *)&csi_unpublish_out);
 		goto out;
 	}
-	if (staged && csi_state_target(&nr.n, nr.path)) {
-		csi_state_drop_target(&nr.n, nr.path);
-		ret = csi_state_save(&p->store, &nr.n);
-		if (ret) {
-			csi_reply_errno(r, ret, "saving the node record");
-			goto out;
-		}
-	}
-	if (staged && nr.v.ephemeral && csi_ephemeral_remove(p, r, &nr.n))
+	ret = csi_node_detach(&nr.path, &t->mnt);
+	if (ret < 0) {
+		csi_reply_errno(r, ret, "unmounting the target");
 		goto out;
-	/* a publish whose daemon never started left the volume unstaged */
-	if (!staged && nr.v.ephemeral) {
-		ret = csi_volume_delete(&p->store, nr.id);
-		if (ret) {
-			csi_reply_errno(r, ret, "deleting the inline volume");
-			goto out;
-		}
 	}
+	if (ret == 1) {
+		strata_warn("volume %s: a mount that is not its own covers %s: left as it is",
+			    nr.id, req->target_path);
+		csi_reply_ok(r, (void *)&csi_unpublish_out);
+		goto out;
+	}
+	created = t->created;
+	csi_state_drop_target(&nr.n, req->target_path);
+	ret = csi_state_save(&p->store, &nr.n);
+	if (ret) {
+		csi_reply_errno(r, ret, "saving the node record");
+		goto out;
+	}
+	csi_node_rmdir(&nr.path, created);
+	if (nr.v.ephemeral && csi_ephemeral_remove(p, r, &nr, true))
+		goto out;
 	csi_reply_ok(r, (void *)&csi_unpublish_out);
 out:
 	csi_node_end(p, &nr);
@@ -672,27 +1003,32 @@ static void csi_node_stats(struct csi_plugin *p, const ProtobufCMessage *msg,
 {
 	const Csi__V1__NodeGetVolumeStatsRequest *req = (const void *)msg;
 	Csi__V1__NodeGetVolumeStatsResponse *out;
-	struct csi_node_req nr = { 0 };
+	struct csi_node_req nr;
 	int64_t bytes, inodes, fs_avail, total;
 	struct statvfs st;
 	int ret;
 
+	csi_node_init(&nr);
 	if (csi_node_check(r, &nr, req->volume_id, NULL, false))
 		goto out;
 	if (!req->volume_path[0]) {
 		csi_reply_set(r, CSI_INVALID_ARGUMENT, "volume_path is required");
 		goto out;
 	}
-	if (csi_node_path(r, "volume_path", req->volume_path, nr.path) ||
-	    csi_node_volume(p, r, nr.id, &nr.v))
-		goto out;
-	if (csi_state_load(&p->store, nr.id, &nr.n) ||
-	    (strcmp(nr.n.staging, nr.path) && !csi_state_target(&nr.n, nr.path))) {
-		csi_reply_set(r, CSI_NOT_FOUND,
-			      "%s is neither the staging path nor a target of volume %s",
-			      req->volume_path, nr.id);
-		goto out;
+	if (!csi_volume_id_valid(nr.id) && csi_ephemeral_id_valid(nr.id)) {
+		ret = csi_node_inline(p, r, &nr);
+		if (ret == -ENOENT)
+			goto out_notfound;
+		if (ret)
+			goto out;
 	}
+	if (!csi_volume_id_valid(nr.id) || csi_node_volume(p, r, &nr))
+		goto out_notfound;
+	/* any path that is not where the volume is: the spec's NOT_FOUND */
+	if (csi_state_load(&p->store, nr.id, &nr.n) ||
+	    (strcmp(nr.n.staging, req->volume_path) &&
+	     !csi_state_target(&nr.n, req->volume_path)))
+		goto out_notfound;
 	ret = csi_volume_usage(&p->store, nr.id, &bytes, &inodes);
 	if (!ret && fstatvfs(p->store.volumes_fd, &st) < 0)
 		ret = -errno;
@@ -719,6 +1055,10 @@ static void csi_node_stats(struct csi_plugin *p, const ProtobufCMessage *msg,
 		goto out_nomem;
 	out->n_usage = 2;
 	csi_reply_ok(r, out);
+	goto out;
+out_notfound:
+	csi_reply_set(r, CSI_NOT_FOUND, "volume %.64s is not at %.256s",
+		      req->volume_id, req->volume_path);
 	goto out;
 out_nomem:
 	csi_reply_errno(r, -ENOMEM, "NodeGetVolumeStats");

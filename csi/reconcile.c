@@ -25,90 +25,213 @@ struct csi_watch {
 	bool stop;
 };
 
-/* Targets are bind mounts of the staging mount: re-made over a new one. */
-static int csi_rebind(const struct csi_node_vol *n, char *why, size_t size)
+static bool csi_mnt_same(const struct csi_mnt *a, const struct csi_mnt *b)
 {
-	for (int i = 0; i < n->ntargets; i++) {
-		const struct csi_target *t = &n->targets[i];
-		int ret;
-
-		if (!csi_mount_find(t->path, NULL, 0, NULL, 0))
-			umount2(t->path, MNT_DETACH | UMOUNT_NOFOLLOW);
-		if (mkdir(t->path, 0750) < 0 && errno != EEXIST) {
-			snprintf(why, size, "target %s: %s", t->path,
-				 strerror(errno));
-			return -errno;
-		}
-		ret = csi_mount_bind(n->staging, t->path,
-				     csi_flags_from_canon(t->flags) |
-					     (t->readonly ? MS_RDONLY : 0));
-		if (ret) {
-			snprintf(why, size, "bind mount of %s on %s: %s",
-				 n->staging, t->path, strerror(-ret));
-			return ret;
-		}
-	}
-	return 0;
+	return a->id && a->id == b->id && a->dev == b->dev;
 }
 
 /*
- * Brings a staged volume whose daemon died back: the dead mounts go, a
- * new daemon mounts the staging path, and the targets are bound again.
- * The caller holds the volume busy.
+ * Puts a new mount (newfd, detached) at a recorded path in the place of
+ * the old one, with no moment in which the path shows the directory
+ * beneath: the new mount goes beneath the old one (MOVE_MOUNT_BENEATH),
+ * then the old one is detached. With nothing mounted at the path, the new
+ * one goes on top. Anything else on top is not ours: -EBUSY, untouched.
+ */
+static int csi_replace_at(const char *path, int newfd,
+			  const struct csi_mnt *old, const struct csi_mnt *older)
+{
+	struct csi_path pp;
+	struct csi_mnt top;
+	char why[512];
+	bool root;
+	int fd, ret;
+
+	ret = csi_path_resolve(NULL, path, &pp, why, sizeof(why));
+	if (ret)
+		return ret;
+	fd = csi_path_open(&pp, true, NULL);
+	csi_path_release(&pp);
+	if (fd < 0)
+		return fd;
+	ret = csi_mnt_of(fd, &top, &root);
+	if (ret)
+		goto out;
+	if (!root) {
+		ret = csi_mnt_attach(newfd, fd, false);
+	} else if (csi_mnt_same(&top, old) || csi_mnt_same(&top, older)) {
+		ret = csi_mnt_attach(newfd, fd, true);
+		if (ret == 0)
+			ret = csi_mnt_detach(fd);
+	} else {
+		ret = -EBUSY;
+	}
+out:
+	close(fd);
+	return ret;
+}
+
+/* A target's bind mount made again from the staging mount (stagefd). */
+static int csi_rebind(struct csi_plugin *p, struct csi_node_vol *n,
+		      struct csi_target *t, int stagefd, char *why, size_t size)
+{
+	struct csi_mnt m;
+	int treefd, ret;
+
+	ret = csi_mnt_clone(stagefd, csi_flags_from_canon(t->flags) |
+				     (t->readonly ? MS_RDONLY : 0), &treefd);
+	if (ret == 0)
+		ret = csi_mnt_of(treefd, &m, NULL);
+	if (ret == 0)
+		ret = csi_replace_at(t->path, treefd, &t->mnt, NULL);
+	if (treefd >= 0)
+		close(treefd);
+	if (ret) {
+		snprintf(why, size, "bind mount of volume %s at %s: %s", n->id,
+			 t->path, ret == -EBUSY ?
+			 "another mount covers the target" : strerror(-ret));
+		return ret;
+	}
+	t->mnt = m;
+	return csi_state_save(&p->store, n);
+}
+
+/*
+ * Brings back a staged volume whose daemon died or whose mount does not
+ * answer: a new daemon on a new mount takes the place of the dead one at
+ * the staging path, and every target is bound again the same way, so
+ * that no write ever reaches a bare directory. The record names the
+ * mount being replaced until it is, so that a heal cut short by a crash
+ * is finished by the next. The caller holds the volume busy.
  */
 int csi_heal(struct csi_plugin *p, const struct csi_volume *v,
 	     struct csi_node_vol *n, char *why, size_t size)
 {
-	int ret;
+	struct csi_mnt old = n->mnt;
+	int mntfd, ret;
 
-	for (int i = 0; i < n->ntargets; i++)
-		if (!csi_mount_find(n->targets[i].path, NULL, 0, NULL, 0))
-			umount2(n->targets[i].path, MNT_DETACH | UMOUNT_NOFOLLOW);
-	if (!csi_mount_find(n->staging, NULL, 0, NULL, 0))
-		umount2(n->staging, MNT_DETACH | UMOUNT_NOFOLLOW);
 	if (csi_daemon_alive(n))
-		csi_daemon_stop(p, n);
+		csi_daemon_kill(n);
 	else
 		csi_metrics_event(CSI_EV_DAEMON_EXIT);
-	ret = csi_daemon_start(p, v, n->staging, n, why, size);
+	ret = csi_daemon_start(p, v, n, &mntfd, why, size);
 	if (ret)
 		return ret;
+	if (!n->prev.id)
+		n->prev = old;
+	ret = csi_mnt_of(mntfd, &n->mnt, NULL);
+	if (ret == 0)
+		ret = csi_state_save(&p->store, n);
+	if (ret == 0)
+		ret = csi_replace_at(n->staging, mntfd, &old, &n->prev);
+	if (ret) {
+		snprintf(why, size, "volume %s: a new mount at %s: %s", n->id,
+			 n->staging, ret == -EBUSY ?
+			 "another mount covers the staging path" : strerror(-ret));
+		goto out;
+	}
 	csi_metrics_event(CSI_EV_DAEMON_RESTART);
-	ret = csi_rebind(n, why, size);
+	for (int i = 0; i < n->ntargets && !ret; i++)
+		ret = csi_rebind(p, n, &n->targets[i], mntfd, why, size);
 	if (ret)
-		return ret;
-	return csi_state_save(&p->store, n);
+		goto out;
+	n->prev = (struct csi_mnt){ 0 };
+	ret = csi_state_save(&p->store, n);
+	if (ret)
+		snprintf(why, size, "volume %s: saving the node record: %s",
+			 n->id, strerror(-ret));
+out:
+	close(mntfd);
+	return ret;
 }
 
-/* What is wrong with a staged volume, or NULL when all is well. */
-static const char *csi_check_staged(const struct csi_node_vol *n)
+/*
+ * What is wrong with a staged volume, or NULL when all is well. *heal
+ * says whether its daemon must be replaced; otherwise *target is the one
+ * target to bind again (-1: none). Anything not ours covering a path is
+ * left alone.
+ */
+static const char *csi_check_staged(const struct csi_node_vol *n, bool *heal,
+				    int *target)
 {
-	char fstype[64];
+	struct csi_path pp;
+	struct csi_mnt top;
+	char why[512];
+	int fd, ret;
 
+	*heal = true;
+	*target = -1;
 	if (!csi_daemon_alive(n))
 		return "its stratafs daemon is gone";
-	if (csi_mount_find(n->staging, fstype, sizeof(fstype), NULL, 0) ||
-	    strcmp(fstype, "fuse.stratafs"))
-		return "its staging path is not mounted";
-	if (csi_mount_alive(n->staging))
-		return "its mount does not answer";
-	for (int i = 0; i < n->ntargets; i++)
-		if (csi_mount_same(n->staging, n->targets[i].path))
-			return "a published target lost its bind mount";
+	if (csi_path_resolve(NULL, n->staging, &pp, why, sizeof(why)))
+		return NULL;	/* the path is gone: nothing to serve there */
+	ret = csi_mnt_at(&pp, &n->mnt, &fd, &top);
+	csi_path_release(&pp);
+	if (ret != 1) {
+		if (top.id && !csi_mnt_same(&top, &n->prev) &&
+		    csi_mnt_exists(&n->mnt) == 0)
+			return NULL;	/* covered by a mount not ours */
+		return "its staging mount is gone";
+	}
+	ret = csi_mnt_answers(fd, CSI_STAGE_TIMEOUT_MS);
+	close(fd);
+	if (ret)
+		return ret == -ETIMEDOUT ? "its mount does not answer" :
+					   "its mount is dead";
+	*heal = false;
+	for (int i = 0; i < n->ntargets; i++) {
+		const struct csi_target *t = &n->targets[i];
+
+		if (csi_path_resolve(NULL, t->path, &pp, why, sizeof(why)))
+			continue;
+		ret = csi_mnt_at(&pp, &t->mnt, &fd, &top);
+		csi_path_release(&pp);
+		if (ret == 1)
+			close(fd);
+		/* a bind of an old mount (a heal cut short) is dead too */
+		if (ret == 1 && t->mnt.dev == n->mnt.dev)
+			continue;
+		if (ret != 1 && top.id && csi_mnt_exists(&t->mnt) == 0)
+			continue;
+		*target = i;
+		return "a published target lost its bind mount";
+	}
 	return NULL;
 }
 
-/* True when the staged volume needs healing, as seen without its lock. */
+/* True when the staged volume needs work, as seen without its lock. */
 static bool csi_needs_heal(struct csi_plugin *p, const char *id)
 {
 	struct csi_node_vol n;
-	bool wrong;
+	bool wrong, heal;
+	int target;
 
 	if (csi_state_load(&p->store, id, &n))
 		return false;
-	wrong = csi_check_staged(&n) != NULL;
+	wrong = csi_check_staged(&n, &heal, &target) != NULL;
 	csi_state_free(&n);
 	return wrong;
+}
+
+/* Binds one target again from the volume's live staging mount. */
+static int csi_rebind_one(struct csi_plugin *p, struct csi_node_vol *n,
+			  int target, char *why, size_t size)
+{
+	struct csi_path pp;
+	struct csi_mnt top;
+	int fd, ret;
+
+	ret = csi_path_resolve(NULL, n->staging, &pp, why, size);
+	if (ret == 0)
+		ret = csi_mnt_at(&pp, &n->mnt, &fd, &top);
+	csi_path_release(&pp);
+	if (ret != 1) {
+		snprintf(why, size, "volume %s: its staging mount is not at %s",
+			 n->id, n->staging);
+		return ret < 0 ? ret : -ESTALE;
+	}
+	ret = csi_rebind(p, n, &n->targets[target], fd, why, size);
+	close(fd);
+	return ret;
 }
 
 /*
@@ -123,7 +246,8 @@ static void csi_reconcile_one(struct csi_plugin *p, const char *id)
 	struct csi_volume v;
 	const char *wrong;
 	char why[512];
-	int ret;
+	bool heal;
+	int target, ret;
 
 	if (!csi_needs_heal(p, id) || csi_busy_enter(&p->store, id))
 		return;
@@ -131,9 +255,17 @@ static void csi_reconcile_one(struct csi_plugin *p, const char *id)
 	ret = csi_state_load(&p->store, id, &n);
 	if (ret)
 		goto out_leave;
-	wrong = csi_check_staged(&n);
+	wrong = csi_check_staged(&n, &heal, &target);
 	if (!wrong)
 		goto out_state;
+	if (!heal) {
+		/* the daemon is well: only this target is bound again */
+		strata_warn("volume %s: %s (%s): binding it again", id, wrong,
+			    n.targets[target].path);
+		if (csi_rebind_one(p, &n, target, why, sizeof(why)))
+			strata_err("volume %s: %s", id, why);
+		goto out_state;
+	}
 	strata_warn("volume %s: %s: healing", id, wrong);
 	ret = csi_volume_load(&p->store, id, &v);
 	if (ret) {

@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include <grpc/byte_buffer_reader.h>
@@ -45,6 +46,8 @@ struct csi_server {
 	bool shutdown_seen;	/* the server's shutdown tag arrived */
 	bool cq_down;
 	int shutdown_tag;
+	pthread_t *workers;
+	int nworkers;
 };
 
 struct csi_call {
@@ -396,74 +399,100 @@ static void csi_server_drain(struct csi_server *srv)
 }
 
 /*
- * Serves until SIGTERM or SIGINT. The caller blocked both, so that
- * gRPC's own threads, started here, inherit the mask and the signal
- * reaches the sigwait here.
+ * Listens on the socket and serves calls from here on. The socket is
+ * made 0660 root:root whatever the umask: it is created by bind(2) under
+ * a umask that leaves no wider mode, not chmod'ed after, so there is no
+ * moment in which any local user could connect. The caller has blocked
+ * SIGTERM and SIGINT, so that gRPC's own threads, started here, inherit
+ * the mask.
  */
-int csi_server_run(struct csi_plugin *p, const sigset_t *stop_signals)
+int csi_server_start(struct csi_plugin *p, struct csi_server **out)
 {
 	grpc_server_credentials *creds;
-	struct csi_server srv = { .p = p };
-	pthread_t *workers;
-	int nworkers = 0, sig, ret = 0;
+	struct csi_server *srv = calloc(1, sizeof(*srv));
+	mode_t umask_was;
+	int ok;
 
-	pthread_mutex_init(&srv.lock, NULL);
-	pthread_cond_init(&srv.idle, NULL);
-	workers = calloc(p->cfg.workers, sizeof(*workers));
-	if (!workers)
+	*out = NULL;
+	if (!srv)
 		return -ENOMEM;
+	srv->p = p;
+	srv->workers = calloc(p->cfg.workers, sizeof(*srv->workers));
+	if (!srv->workers) {
+		free(srv);
+		return -ENOMEM;
+	}
+	pthread_mutex_init(&srv->lock, NULL);
+	pthread_cond_init(&srv->idle, NULL);
 	grpc_init();
-	srv.server = grpc_server_create(NULL, NULL);
-	srv.cq = grpc_completion_queue_create_for_next(NULL);
-	grpc_server_register_completion_queue(srv.server, srv.cq, NULL);
+	srv->server = grpc_server_create(NULL, NULL);
+	srv->cq = grpc_completion_queue_create_for_next(NULL);
+	grpc_server_register_completion_queue(srv->server, srv->cq, NULL);
 	creds = grpc_insecure_server_credentials_create();
-	if (!grpc_server_add_http2_port(srv.server, p->cfg.endpoint, creds)) {
+	umask_was = umask(0117);
+	ok = grpc_server_add_http2_port(srv->server, p->cfg.endpoint, creds);
+	umask(umask_was);
+	grpc_server_credentials_release(creds);
+	if (!ok) {
 		strata_err("cannot listen on %s (does its directory exist?)",
 			   p->cfg.endpoint);
-		ret = -EADDRNOTAVAIL;
+		srv->shutdown_seen = true;
+		srv->stopping = true;
+		grpc_server_destroy(srv->server);
+		srv->server = NULL;
+		csi_server_stop(srv);
+		return -EADDRNOTAVAIL;
 	}
-	grpc_server_credentials_release(creds);
-	if (ret) {
-		srv.shutdown_seen = true;
-		srv.stopping = true;
-		grpc_server_destroy(srv.server);
-		goto out_cq;
-	}
-	grpc_server_start(srv.server);
+	grpc_server_start(srv->server);
 	for (int i = 0; i < CSI_PENDING_CALLS; i++)
-		csi_server_request(&srv);
-	for (; nworkers < p->cfg.workers; nworkers++)
-		if (pthread_create(&workers[nworkers], NULL, csi_server_worker,
-				   &srv))
+		csi_server_request(srv);
+	for (; srv->nworkers < p->cfg.workers; srv->nworkers++)
+		if (pthread_create(&srv->workers[srv->nworkers], NULL,
+				   csi_server_worker, srv))
 			break;
 	strata_info("serving CSI on %s (node %s, driver %s)", p->cfg.endpoint,
 		    p->cfg.node_id, p->cfg.driver_name);
+	*out = srv;
+	return 0;
+}
+
+/* Serves until SIGTERM or SIGINT reaches the sigwait here. */
+void csi_server_serve(struct csi_server *srv, const sigset_t *stop_signals)
+{
+	int sig;
 
 	do
 		sig = sigwaitinfo(stop_signals, NULL);
 	while (sig < 0 && errno == EINTR);
 	strata_info("signal %d: shutting down", sig);
+}
 
-	pthread_mutex_lock(&srv.lock);
-	srv.stopping = true;
-	pthread_mutex_unlock(&srv.lock);
-	grpc_server_shutdown_and_notify(srv.server, srv.cq, &srv.shutdown_tag);
-	csi_server_drain(&srv);
-	for (int i = 0; i < nworkers; i++)
-		pthread_join(workers[i], NULL);
-	grpc_server_destroy(srv.server);
-out_cq:
-	if (!nworkers) {
-		grpc_completion_queue_shutdown(srv.cq);
-		while (grpc_completion_queue_next(srv.cq,
+void csi_server_stop(struct csi_server *srv)
+{
+	if (!srv)
+		return;
+	if (srv->server) {
+		pthread_mutex_lock(&srv->lock);
+		srv->stopping = true;
+		pthread_mutex_unlock(&srv->lock);
+		grpc_server_shutdown_and_notify(srv->server, srv->cq,
+						&srv->shutdown_tag);
+		csi_server_drain(srv);
+		for (int i = 0; i < srv->nworkers; i++)
+			pthread_join(srv->workers[i], NULL);
+		grpc_server_destroy(srv->server);
+	}
+	if (!srv->nworkers) {
+		grpc_completion_queue_shutdown(srv->cq);
+		while (grpc_completion_queue_next(srv->cq,
 						  gpr_inf_future(GPR_CLOCK_REALTIME),
 						  NULL).type != GRPC_QUEUE_SHUTDOWN)
 			;
 	}
-	grpc_completion_queue_destroy(srv.cq);
+	grpc_completion_queue_destroy(srv->cq);
 	grpc_shutdown_blocking();
-	pthread_cond_destroy(&srv.idle);
-	pthread_mutex_destroy(&srv.lock);
-	free(workers);
-	return ret;
+	pthread_cond_destroy(&srv->idle);
+	pthread_mutex_destroy(&srv->lock);
+	free(srv->workers);
+	free(srv);
 }

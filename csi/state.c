@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include "csi.h"
@@ -28,34 +29,103 @@ static char *csi_dup_or_empty(const char *s)
 	return strdup(s ? s : "");
 }
 
+static bool csi_json_bool(json_object *o, const char *key)
+{
+	json_object *v;
+
+	return json_object_object_get_ex(o, key, &v) &&
+	       json_object_get_boolean(v);
+}
+
+/* {"id": unique mount id, "dev": "major:minor"}; absent: no mount. */
+static int csi_mnt_parse(json_object *o, const char *key, struct csi_mnt *m)
+{
+	unsigned int maj, min;
+	json_object *v;
+	const char *dev;
+
+	m->id = 0;
+	m->dev = 0;
+	if (!json_object_object_get_ex(o, key, &v))
+		return 0;
+	dev = csi_json_str(v, "dev");
+	if (!dev || sscanf(dev, "%u:%u", &maj, &min) != 2 ||
+	    csi_json_int(v, "id") <= 0)
+		return -EBADMSG;
+	m->id = (uint64_t)csi_json_int(v, "id");
+	m->dev = makedev(maj, min);
+	return 0;
+}
+
+static void csi_mnt_save(json_object *o, const char *key,
+			 const struct csi_mnt *m)
+{
+	json_object *v;
+	char dev[32];
+
+	if (!m->id)
+		return;
+	v = json_object_new_object();
+	snprintf(dev, sizeof(dev), "%u:%u", major(m->dev), minor(m->dev));
+	json_object_object_add(v, "id", json_object_new_int64((int64_t)m->id));
+	json_object_object_add(v, "dev", json_object_new_string(dev));
+	json_object_object_add(o, key, v);
+}
+
+/* A record names paths the Node service would act on: check them as such. */
+static bool csi_state_path_ok(const char *path)
+{
+	char why[256];
+
+	return path && !csi_path_check(path, why, sizeof(why));
+}
+
+static int csi_state_parse_target(struct csi_node_vol *n, json_object *t)
+{
+	const char *path = csi_json_str(t, "path");
+	struct csi_target *nt;
+	int ret;
+
+	if (!csi_state_path_ok(path))
+		return -EBADMSG;
+	ret = csi_state_add_target(n, path, csi_json_bool(t, "readonly"),
+				   csi_json_str(t, "flags"));
+	if (ret)
+		return ret;
+	nt = &n->targets[n->ntargets - 1];
+	nt->mode = (int)csi_json_int(t, "mode");
+	nt->created = csi_json_bool(t, "created");
+	return csi_mnt_parse(t, "mount", &nt->mnt);
+}
+
 static int csi_state_parse(json_object *o, struct csi_node_vol *n)
 {
 	const char *id = csi_json_str(o, "volume_id");
 	const char *staging = csi_json_str(o, "staging_path");
 	json_object *targets;
+	int ret;
 
-	if (!id || !csi_volume_id_valid(id) || !staging || staging[0] != '/')
+	if (!id || !csi_volume_id_valid(id) || !csi_state_path_ok(staging))
 		return -EBADMSG;
 	memcpy(n->id, id, sizeof(n->id));
 	n->staging = strdup(staging);
 	n->stage_flags = csi_dup_or_empty(csi_json_str(o, "stage_flags"));
+	n->staging_created = csi_json_bool(o, "staging_created");
 	n->pid = (pid_t)csi_json_int(o, "pid");
 	n->starttime = (unsigned long long)csi_json_int(o, "starttime");
 	if (!n->staging || !n->stage_flags)
 		return -ENOMEM;
-	if (!json_object_object_get_ex(o, "targets", &targets) ||
-	    !json_object_is_type(targets, json_type_array))
+	ret = csi_mnt_parse(o, "mount", &n->mnt);
+	if (!ret)
+		ret = csi_mnt_parse(o, "replacing", &n->prev);
+	if (ret)
+		return ret;
+	if (!json_object_object_get_ex(o, "targets", &targets))
 		return 0;
+	if (!json_object_is_type(targets, json_type_array))
+		return -EBADMSG;
 	for (size_t i = 0; i < json_object_array_length(targets); i++) {
-		json_object *t = json_object_array_get_idx(targets, i), *ro;
-		const char *path = csi_json_str(t, "path");
-		int ret;
-
-		if (!path || path[0] != '/')
-			return -EBADMSG;
-		json_object_object_get_ex(t, "readonly", &ro);
-		ret = csi_state_add_target(n, path, json_object_get_boolean(ro),
-					   csi_json_str(t, "flags"));
+		ret = csi_state_parse_target(n, json_object_array_get_idx(targets, i));
 		if (ret)
 			return ret;
 	}
@@ -98,18 +168,25 @@ int csi_state_save(struct csi_store *s, const struct csi_node_vol *n)
 			       json_object_new_string(n->staging));
 	json_object_object_add(o, "stage_flags",
 			       json_object_new_string(n->stage_flags ? n->stage_flags : ""));
+	json_object_object_add(o, "staging_created",
+			       json_object_new_boolean(n->staging_created));
+	csi_mnt_save(o, "mount", &n->mnt);
+	csi_mnt_save(o, "replacing", &n->prev);
 	json_object_object_add(o, "pid", json_object_new_int64(n->pid));
 	json_object_object_add(o, "starttime",
 			       json_object_new_int64((int64_t)n->starttime));
 	for (int i = 0; targets && i < n->ntargets; i++) {
+		const struct csi_target *nt = &n->targets[i];
 		json_object *t = json_object_new_object();
 
-		json_object_object_add(t, "path",
-				       json_object_new_string(n->targets[i].path));
+		json_object_object_add(t, "path", json_object_new_string(nt->path));
 		json_object_object_add(t, "readonly",
-				       json_object_new_boolean(n->targets[i].readonly));
-		json_object_object_add(t, "flags",
-				       json_object_new_string(n->targets[i].flags));
+				       json_object_new_boolean(nt->readonly));
+		json_object_object_add(t, "flags", json_object_new_string(nt->flags));
+		json_object_object_add(t, "mode", json_object_new_int(nt->mode));
+		json_object_object_add(t, "created",
+				       json_object_new_boolean(nt->created));
+		csi_mnt_save(t, "mount", &nt->mnt);
 		json_object_array_add(targets, t);
 	}
 	json_object_object_add(o, "targets", targets);
@@ -159,9 +236,9 @@ int csi_state_add_target(struct csi_node_vol *n, const char *path,
 		return -ENOMEM;
 	n->targets = t;
 	t = &n->targets[n->ntargets];
+	*t = (struct csi_target){ .readonly = readonly };
 	t->path = strdup(path);
 	t->flags = csi_dup_or_empty(flags);
-	t->readonly = readonly;
 	if (!t->path || !t->flags) {
 		free(t->path);
 		free(t->flags);

@@ -92,12 +92,15 @@ int csi_store_open(struct csi_store *s, const char *root)
 	s->empty_fd = s->lock_fd = -1;
 	pthread_mutex_init(&s->create_lock, NULL);
 	pthread_mutex_init(&s->busy_lock, NULL);
-	s->root = strdup(root);
-	if (!s->root)
-		return -ENOMEM;
 	ret = csi_mkdir_p(root);
 	if (ret)
 		goto out;
+	/* canonical: paths the plugin builds below it are checked as such */
+	s->root = realpath(root, NULL);
+	if (!s->root) {
+		ret = -errno;
+		goto out;
+	}
 	s->root_fd = open(root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (s->root_fd < 0) {
 		ret = -errno;

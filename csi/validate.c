@@ -250,25 +250,42 @@ unsigned long csi_flags_from_canon(const char *canon)
 	return flags;
 }
 
-/* Kubelet's paths are absolute and plain; anything else is refused. */
+/*
+ * A staging or target path as the Node service takes it: absolute,
+ * canonical (what is checked is what gets used), printable, and short
+ * enough for what the plugin adds to it.
+ */
 int csi_path_check(const char *path, char *why, size_t size)
 {
+	const char *c;
+
 	if (path[0] != '/') {
 		snprintf(why, size, "'%.200s' is not an absolute path", path);
 		return -EINVAL;
 	}
 	if (strlen(path) >= PATH_MAX - 64) {
-		snprintf(why, size, "path is too long");
+		snprintf(why, size, "the path is longer than %d bytes",
+			 PATH_MAX - 64);
 		return -EINVAL;
 	}
-	for (const char *c = path; *c; c++) {
-		if ((unsigned char)*c < 0x20) {
-			snprintf(why, size, "path holds a control character");
+	if (!path[1]) {
+		snprintf(why, size, "'/' cannot be mounted on");
+		return -EINVAL;
+	}
+	for (c = path; *c; c++) {
+		if ((unsigned char)*c < 0x20 || *c == 0x7f) {
+			snprintf(why, size, "the path holds a control character");
 			return -EINVAL;
 		}
-		if (c[0] == '/' && c[1] == '.' && c[2] == '.' &&
-		    (c[3] == '/' || !c[3])) {
-			snprintf(why, size, "'%.200s' has a '..' component", path);
+		if (c[0] != '/')
+			continue;
+		/* each component: not empty, not ".", not ".." */
+		if (c[1] == '/' || !c[1] ||
+		    (c[1] == '.' && (c[2] == '/' || !c[2])) ||
+		    (c[1] == '.' && c[2] == '.' && (c[3] == '/' || !c[3]))) {
+			snprintf(why, size,
+				 "'%.200s' is not canonical (empty, '.' or '..' components, or a trailing '/')",
+				 path);
 			return -EINVAL;
 		}
 	}

@@ -6,7 +6,7 @@ set -euo pipefail
 
 PKGS=(
 	build-essential autoconf automake libtool pkg-config
-	libfuse3-dev fuse3 liburing-dev libmount-dev
+	libfuse3-dev fuse3 liburing-dev
 	libprotobuf-c-dev protobuf-c-compiler libgrpc-dev protobuf-compiler libprotobuf-dev
 	libjson-c-dev libmicrohttpd-dev
 	python3 python3-pytest python3-grpcio python3-protobuf python3-yaml

@@ -61,10 +61,33 @@ int strata_log_format(char *buf, size_t size, int level, const char *fmt,
 	return m < 0 ? m : n + m;
 }
 
+/*
+ * A text line holds no control character: a newline in a name or a path
+ * from a request would otherwise start a line the reader takes for the
+ * plugin's own. They become \n, \t, \r or \xNN.
+ */
+static void log_escape(const char *line, char *out, size_t size)
+{
+	size_t o = 0;
+
+	for (const unsigned char *c = (const void *)line; *c && o + 5 < size; c++) {
+		if (*c >= 0x20 && *c != 0x7f) {
+			out[o++] = (char)*c;
+			continue;
+		}
+		out[o++] = '\\';
+		if (*c == '\n' || *c == '\t' || *c == '\r')
+			out[o++] = *c == '\n' ? 'n' : *c == '\t' ? 't' : 'r';
+		else
+			o += snprintf(out + o, size - o, "x%02x", *c);
+	}
+	out[o] = '\0';
+}
+
 void strata_log(int level, const char *fmt, ...)
 {
 	static const int prio[] = { LOG_ERR, LOG_WARNING, LOG_INFO, LOG_DEBUG };
-	char line[1024];
+	char line[1024], esc[4 * sizeof(line)];
 	va_list ap;
 
 	if (level > log_max)
@@ -81,10 +104,11 @@ void strata_log(int level, const char *fmt, ...)
 	va_start(ap, fmt);
 	strata_log_format(line, sizeof(line), level, fmt, ap);
 	va_end(ap);
+	log_escape(line, esc, sizeof(esc));
 	if (log_syslog)
-		syslog(prio[level], "%s", line);
+		syslog(prio[level], "%s", esc);
 	else
-		fprintf(stderr, "%s\n", line);
+		fprintf(stderr, "%s\n", esc);
 }
 
 static size_t log_json_str(char *buf, size_t size, size_t len, const char *s)
@@ -158,7 +182,7 @@ void strata_log_kv(int level, const char *msg, const char *const *kv)
 	len = snprintf(line, sizeof(line), "%s", msg);
 	for (; kv[0] && len < sizeof(line); kv += 2)
 		len += snprintf(line + len, sizeof(line) - len,
-				strpbrk(kv[1], " \"=") || !kv[1][0] ?
+				strpbrk(kv[1], " \"=\n\t\r") || !kv[1][0] ?
 					" %s=\"%s\"" : " %s=%s",
 				kv[0], kv[1]);
 	strata_log(level, "%s", line);

@@ -39,6 +39,9 @@ static void csi_usage(FILE *f)
 		"  --log-format FMT     text (default) or json\n"
 		"  --metrics-address A  serve Prometheus metrics at http://A/metrics\n"
 		"                       (HOST:PORT, [V6]:PORT or :PORT)\n"
+		"  --allowed-path-prefix DIR\n"
+		"                       staging and target paths must lie below DIR\n"
+		"                       (repeatable; the kubelet directory)\n"
 		"  --version            print the version and exit\n"
 		"  --help               print this help and exit\n",
 		CSI_DEFAULT_ROOT, CSI_DEFAULT_DRIVER);
@@ -93,6 +96,37 @@ static int csi_parse_modes(struct csi_config *c, const char *list)
 	return c->modes ? 0 : -EINVAL;
 }
 
+/*
+ * A directory below which every staging and target path must lie. It is
+ * taken as it really is: a request's paths may hold no symlink, so they
+ * are compared with the prefix's canonical form.
+ */
+static int csi_parse_prefix(struct csi_config *c, const char *dir)
+{
+	char *real;
+
+	if (dir[0] != '/') {
+		fprintf(stderr, "strata-csi: --allowed-path-prefix '%s' is not an absolute path\n", dir);
+		return -EINVAL;
+	}
+	if (c->nprefixes == CSI_MAX_PREFIXES) {
+		fprintf(stderr, "strata-csi: at most %d --allowed-path-prefix\n",
+			CSI_MAX_PREFIXES);
+		return -E2BIG;
+	}
+	real = realpath(dir, NULL);
+	if (!real) {
+		fprintf(stderr, "strata-csi: --allowed-path-prefix '%s': %s\n", dir,
+			strerror(errno));
+		return -errno;
+	}
+	if (strcmp(real, dir))
+		fprintf(stderr, "strata-csi: --allowed-path-prefix '%s' is '%s' once its symlinks are resolved: requests must use the latter\n",
+			dir, real);
+	c->prefixes[c->nprefixes++] = real;
+	return 0;
+}
+
 /* The daemon beside this binary (an install or a build tree), else PATH. */
 static char *csi_find_stratafs(void)
 {
@@ -130,6 +164,7 @@ static int csi_parse_args(int argc, char **argv, struct csi_config *c,
 		{ "stratafs", required_argument, NULL, 's' },
 		{ "log-format", required_argument, NULL, 'l' },
 		{ "metrics-address", required_argument, NULL, 'M' },
+		{ "allowed-path-prefix", required_argument, NULL, 'P' },
 		{ "version", no_argument, NULL, 'V' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
@@ -169,6 +204,10 @@ static int csi_parse_args(int argc, char **argv, struct csi_config *c,
 			break;
 		case 'm':
 			if (csi_parse_modes(c, optarg))
+				return 2;
+			break;
+		case 'P':
+			if (csi_parse_prefix(c, optarg))
 				return 2;
 			break;
 		case 'x':
@@ -260,11 +299,35 @@ static void csi_config_free(struct csi_config *c)
 	free(c->driver_name);
 	free(c->stratafs);
 	free(c->metrics_address);
+	for (int i = 0; i < c->nprefixes; i++)
+		free(c->prefixes[i]);
+}
+
+/*
+ * Directories the Node service never mounts on, in or above: the store
+ * (layers, uppers, node records, daemon logs) and the socket's directory.
+ */
+static int csi_guard_dirs(struct csi_plugin *p)
+{
+	char *sockdir = strdup(p->cfg.socket_path);
+	int ret;
+
+	if (!sockdir)
+		return -ENOMEM;
+	ret = csi_guard_add(p, p->store.root);
+	if (!ret)
+		ret = csi_guard_add(p, dirname(sockdir));
+	if (ret)
+		strata_err("cannot guard %s: %s", ret == -ENOMEM ? "a directory" :
+			   sockdir, strerror(-ret));
+	free(sockdir);
+	return ret;
 }
 
 int main(int argc, char **argv)
 {
 	static struct csi_plugin p;
+	struct csi_server *srv;
 	sigset_t stop;
 	bool json = false;
 	int lock_fd, ret;
@@ -290,6 +353,10 @@ int main(int argc, char **argv)
 		ret = 1;
 		goto out_topo;
 	}
+	if (csi_guard_dirs(&p)) {
+		ret = 1;
+		goto out_store;
+	}
 	/* every thread started from here on (gRPC's too) inherits the mask */
 	sigemptyset(&stop);
 	sigaddset(&stop, SIGTERM);
@@ -297,23 +364,33 @@ int main(int argc, char **argv)
 	pthread_sigmask(SIG_BLOCK, &stop, NULL);
 	/* a client that hangs up must not kill the plugin */
 	signal(SIGPIPE, SIG_IGN);
-	ret = csi_metrics_start(&p, p.cfg.metrics_address);
+	/* listening first: no other thread makes files while the umask is tight */
+	ret = csi_server_start(&p, &srv);
 	if (ret) {
 		ret = 1;
 		goto out_store;
+	}
+	ret = csi_metrics_start(&p, p.cfg.metrics_address);
+	if (ret) {
+		ret = 1;
+		goto out_server;
 	}
 	ret = csi_watch_start(&p);
 	if (ret) {
 		strata_err("cannot start the watcher: %s", strerror(-ret));
 		csi_metrics_stop();
 		ret = 1;
-		goto out_store;
+		goto out_server;
 	}
-	ret = csi_server_run(&p, &stop) ? 1 : 0;
+	csi_server_serve(srv, &stop);
+	ret = 0;
 	csi_watch_stop(&p);
 	csi_metrics_stop();
+out_server:
+	csi_server_stop(srv);
 	unlink(p.cfg.socket_path);
 out_store:
+	csi_guards_free(&p);
 	csi_store_close(&p.store);
 out_topo:
 	free(p.topology_key);

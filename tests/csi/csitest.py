@@ -25,7 +25,7 @@ import pytest
 import strata_common
 from strata_common import (  # noqa: F401  (re-exported to the tests)
     SANITIZER_MARKERS, errno_of, fuse_abort, is_mounted, is_sanitizer_build,
-    lazy_umount, mounts_at, mounts_under, read_mountinfo, sanitizer_findings,
+    lazy_umount, mount_id, mounts_at, mounts_under, read_mountinfo, sanitizer_findings,
     wait_exit, write_all)
 
 # --------------------------------------------------------------------------
@@ -230,9 +230,14 @@ class CsiClient:
         return r.reply
 
 
-def cap(mode="SINGLE_NODE_WRITER", *, block=False, flags=(), group="",
+def cap(mode="SINGLE_NODE_MULTI_WRITER", *, block=False, flags=(), group="",
         fs_type=""):
-    """A VolumeCapability: mount access (or block) with an access mode."""
+    """A VolumeCapability: mount access (or block) with an access mode.
+
+    The default is what kubelet sends for a ReadWriteOnce volume to a
+    plugin with the SINGLE_NODE_MULTI_WRITER capability, as this one has
+    (ReadWriteOncePod becomes SINGLE_NODE_SINGLE_WRITER): several pods of
+    one node may share the volume."""
     m = pb()
     VC = m.VolumeCapability
     c = VC(access_mode=VC.AccessMode(mode=getattr(VC.AccessMode, mode)))

@@ -124,13 +124,16 @@ def test_inline_volume_with_passthrough(env, strata, csi):
 
 
 def test_inline_volume_whose_daemon_never_started(env, strata, csi):
-    """A publish that failed to start the daemon leaves the store volume
-    unstaged; the pod's unpublish must still remove it."""
+    """A publish that failed to start the daemon leaves nothing behind:
+    no store volume, no record; the pod's unpublish answers OK."""
     kid = "csi-" + "9a8b" * 16
     target = env.target("inline-broken")
     strata.stop()
     p = env.plugin(root=strata.root, stratafs="/bin/false")
     assert publish_inline(p.csi, kid, target).code == "INTERNAL"
-    assert len(store_volumes(p)) == 1
+    assert store_volumes(p) == []
+    assert os.listdir(p.path("node")) == [] or \
+        all(not n.endswith(".json") for n in os.listdir(p.path("node")))
+    assert not os.path.exists(target)
     assert p.csi.NodeUnpublishVolume(volume_id=kid, target_path=target).code == "OK"
     assert store_volumes(p) == []

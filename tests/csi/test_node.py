@@ -212,7 +212,11 @@ def test_publish_requires_fields(env, kubelet, csi, missing):
     req = pub_req(vid, st, tgt)
     del req[missing]
     r = csi.NodePublishVolume(**req)
-    assert r.code == "INVALID_ARGUMENT", r
+    # CSI v1.12's table: a staging plugin given no staging path is
+    # FAILED_PRECONDITION; every other missing field is INVALID_ARGUMENT
+    want = "FAILED_PRECONDITION" if missing == "staging_target_path" else \
+        "INVALID_ARGUMENT"
+    assert r.code == want, r
     assert not os.path.exists(tgt) or not is_mounted(tgt)
 
 
@@ -290,12 +294,15 @@ def test_publish_same_target_other_args_already_exists(env, kubelet, csi):
     assert "ro" not in mount_opts(tgt)
 
 
-def test_publish_target_of_another_volume_already_exists(env, kubelet, csi):
+def test_publish_target_of_another_volume_refused(env, kubelet, csi):
+    """Another volume's mount at the target is not this volume published
+    there with other options (ALREADY_EXISTS): the path is not usable,
+    FAILED_PRECONDITION, and nothing is mounted over it."""
     v1, v2 = kubelet.create("v1"), kubelet.create("v2")
     s1, s2 = kubelet.stage(v1), kubelet.stage(v2)
     tgt = kubelet.publish(v1, s1)
     r = csi.NodePublishVolume(**pub_req(v2, s2, tgt))
-    assert r.code == "ALREADY_EXISTS", r
+    assert r.code == "FAILED_PRECONDITION", r
     assert len(mounts_at(tgt)) == 1
 
 

@@ -179,3 +179,27 @@ class Watchdog:
         if self.fired:
             pytest.fail(f"test exceeded its {self.limit}s time limit (watchdog fired)",
                         pytrace=False)
+
+
+_STATX_MNT_ID_UNIQUE = 0x4000
+_AT_SYMLINK_NOFOLLOW = 0x100
+_AT_STATX_DONT_SYNC = 0x4000
+
+
+def mount_id(path):
+    """(unique mount id, "major:minor" of its superblock) of the mount
+    `path` is on, without calling into the filesystem (a dead FUSE
+    mount answers too): what strata-csi records of its mounts."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    buf = ctypes.create_string_buffer(256)
+    r = libc.statx(-100, path.encode(), _AT_SYMLINK_NOFOLLOW | _AT_STATX_DONT_SYNC,
+                   _STATX_MNT_ID_UNIQUE, buf)
+    if r != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e), path)
+    raw = buf.raw
+    mask = int.from_bytes(raw[0:4], "little")
+    assert mask & _STATX_MNT_ID_UNIQUE, "the kernel has no unique mount ids"
+    dev = (int.from_bytes(raw[136:140], "little"), int.from_bytes(raw[140:144], "little"))
+    return int.from_bytes(raw[144:152], "little"), f"{dev[0]}:{dev[1]}"

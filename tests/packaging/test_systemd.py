@@ -436,7 +436,9 @@ def test_csi_unit_runs_and_its_volumes_survive_a_restart(tmp_path):
         "the plugin runs the stratafs beside it"
     unit = parse_unit(unit_source("strata-csi.service", bindir))
     # /etc/default/strata-csi as an admin would edit it
-    endpoint = f"unix://{tmp_path}/csi.sock"
+    # the socket's directory is the plugin's own: volumes go elsewhere
+    (tmp_path / "plugin").mkdir()
+    endpoint = f"unix://{tmp_path}/plugin/csi.sock"
     text = (UNITS / "strata-csi.default").read_text()
     text = re.sub(r"^CSI_ENDPOINT=.*$", f"CSI_ENDPOINT={endpoint}", text, flags=re.M)
     text = re.sub(r"^STRATA_ROOT=.*$", f"STRATA_ROOT={tmp_path}/store", text, flags=re.M)
