@@ -97,14 +97,11 @@ static int csi_parse_modes(struct csi_config *c, const char *list)
 }
 
 /*
- * A directory below which every staging and target path must lie. It is
- * taken as it really is: a request's paths may hold no symlink, so they
- * are compared with the prefix's canonical form.
+ * A directory below which every staging and target path must lie; taken
+ * as it really is once the options are read (csi_resolve_prefixes).
  */
 static int csi_parse_prefix(struct csi_config *c, const char *dir)
 {
-	char *real;
-
 	if (dir[0] != '/') {
 		fprintf(stderr, "strata-csi: --allowed-path-prefix '%s' is not an absolute path\n", dir);
 		return -EINVAL;
@@ -114,16 +111,33 @@ static int csi_parse_prefix(struct csi_config *c, const char *dir)
 			CSI_MAX_PREFIXES);
 		return -E2BIG;
 	}
-	real = realpath(dir, NULL);
-	if (!real) {
-		fprintf(stderr, "strata-csi: --allowed-path-prefix '%s': %s\n", dir,
-			strerror(errno));
-		return -errno;
+	c->prefixes[c->nprefixes] = strdup(dir);
+	if (!c->prefixes[c->nprefixes])
+		return -ENOMEM;
+	c->nprefixes++;
+	return 0;
+}
+
+/*
+ * A request's paths may hold no symlink, so they are compared with each
+ * prefix's canonical form; a prefix that does not exist is a mistake.
+ */
+static int csi_resolve_prefixes(struct csi_config *c)
+{
+	for (int i = 0; i < c->nprefixes; i++) {
+		char *real = realpath(c->prefixes[i], NULL);
+
+		if (!real) {
+			fprintf(stderr, "strata-csi: --allowed-path-prefix '%s': %s\n",
+				c->prefixes[i], strerror(errno));
+			return -errno;
+		}
+		if (strcmp(real, c->prefixes[i]))
+			fprintf(stderr, "strata-csi: --allowed-path-prefix '%s' is '%s' once its symlinks are resolved: requests must use the latter\n",
+				c->prefixes[i], real);
+		free(c->prefixes[i]);
+		c->prefixes[i] = real;
 	}
-	if (strcmp(real, dir))
-		fprintf(stderr, "strata-csi: --allowed-path-prefix '%s' is '%s' once its symlinks are resolved: requests must use the latter\n",
-			dir, real);
-	c->prefixes[c->nprefixes++] = real;
 	return 0;
 }
 
@@ -256,7 +270,7 @@ static int csi_parse_args(int argc, char **argv, struct csi_config *c,
 		csi_usage(stderr);
 		return 2;
 	}
-	if (csi_parse_endpoint(c, endpoint))
+	if (csi_parse_endpoint(c, endpoint) || csi_resolve_prefixes(c))
 		return 2;
 	if (!c->root)
 		c->root = strdup(CSI_DEFAULT_ROOT);

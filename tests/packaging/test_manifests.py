@@ -268,7 +268,7 @@ def check_plugin_args(docs, spec):
 
     seen = set()
     for name, value, i in flags:
-        if name in seen:
+        if name in seen and name != "--allowed-path-prefix":
             problems.append(f"{name} given twice")
         seen.add(name)
         rawarg = raw[i] if i < len(raw) else ""
@@ -317,9 +317,19 @@ def check_plugin_args(docs, spec):
         elif name == "--log-format":
             if value not in ("text", "json"):
                 problems.append(f"--log-format {value!r}: text or json")
+        elif name == "--allowed-path-prefix":
+            # kubelet's directory, mounted at the same path, where the
+            # staging and target paths are: nothing else is mounted on
+            m = mnts.get(mount_paths.get(value or ""), {})
+            if m.get("mountPropagation") != "Bidirectional":
+                problems.append(f"--allowed-path-prefix {value!r}: not kubelet's "
+                                "directory (a Bidirectional mount)")
         elif name in spec:
             problems.append(f"{name}: the binary takes it, but this test has "
                             "no rule for its value yet: add one")
+    if "--allowed-path-prefix" not in seen:
+        problems.append("--allowed-path-prefix missing: staging and target "
+                        "paths must be confined to kubelet's directory")
     if "--nodeid" not in seen:
         problems.append("--nodeid missing (required)")
     if "--endpoint" not in seen and "CSI_ENDPOINT" not in env:
