@@ -8,7 +8,7 @@ import signal
 import pytest
 
 from csitest import (STRATAFS_FSTYPE, answers, assert_daemon_gone,
-                     daemon_options, errno_of, is_mounted, mounts_under,
+                     daemon_options, errno_of, is_mounted, mount_id, mounts_under,
                      pid_alive, poll, read_file, snapshot, write_file)
 
 
@@ -225,3 +225,83 @@ def test_restart_with_unstaged_record_leftovers(env, kubelet, strata):
     kubelet.delete(vid)
     assert not is_mounted(st)
     assert strata.node_record(vid) is None
+
+
+def bare(env, path):
+    """What lies in the directory under the mounts at `path`: its parent
+    bound elsewhere without the mounts below it shows the bare entry."""
+    view = os.path.join(env.base, "view-" + os.path.basename(os.path.dirname(path)))
+    os.makedirs(view, exist_ok=True)
+    import subprocess
+    subprocess.run(["mount", "--bind", os.path.dirname(path), view], check=True)
+    try:
+        return sorted(os.listdir(os.path.join(view, os.path.basename(path))))
+    finally:
+        subprocess.run(["umount", view], check=True)
+
+
+@pytest.mark.timeout(120)
+def test_heal_leaves_no_write_beneath(env, kubelet, strata):
+    """A writer creates files through the target while its daemon is
+    killed three times. The new mount goes beneath the dead one before
+    the dead one is detached, so no write ever lands in the bare
+    directories under the staging path or the target."""
+    import threading
+    vid = kubelet.create("window")
+    st = kubelet.stage(vid)
+    tgt = kubelet.publish(vid, st)
+    stop = threading.Event()
+    made = []
+
+    def writer():
+        n = 0
+        while not stop.is_set():
+            n += 1
+            try:
+                fd = os.open(os.path.join(tgt, f"f{n}"),
+                             os.O_CREAT | os.O_WRONLY | os.O_EXCL, 0o644)
+                os.close(fd)
+                made.append(n)
+            except OSError:
+                pass                      # ENOTCONN while the daemon is dead
+    t = threading.Thread(target=writer)
+    t.start()
+    try:
+        for _ in range(3):
+            pid = strata.daemon_pid(vid)
+            os.kill(pid, signal.SIGKILL)
+            poll(lambda: strata.daemon_pid(vid) != pid and answers(tgt), 20,
+                 what="the heal")
+    finally:
+        stop.set()
+        t.join(30)
+    assert made, "the writer never wrote"
+    assert bare(env, tgt) == [] and bare(env, st) == []
+    names = set(os.listdir(tgt))
+    assert {f"f{n}" for n in made} <= names
+    kubelet.unpublish(vid, tgt)
+    kubelet.unstage(vid, st)
+
+
+@pytest.mark.timeout(90)
+def test_lost_bind_rebinds_only_that_target(env, kubelet, strata):
+    """One target loses its bind mount: it is bound again, and the daemon
+    and the other target are left as they were."""
+    import subprocess
+    vid = kubelet.create("lostbind")
+    st = kubelet.stage(vid)
+    t1 = kubelet.publish(vid, st, env.target("one"))
+    t2 = kubelet.publish(vid, st, env.target("two"))
+    write_file(os.path.join(t1, "f"), "x")
+    pid = strata.daemon_pid(vid)
+    t2_mount = mount_id(t2)
+    subprocess.run(["umount", t1], check=True)
+    poll(lambda: is_mounted(t1, STRATAFS_FSTYPE) and answers(t1), 15,
+         what="the lost bind to be made again")
+    assert read_file(os.path.join(t1, "f")) == b"x"
+    assert strata.daemon_pid(vid) == pid
+    assert mount_id(t2) == t2_mount
+    assert "binding it again" in strata.log()
+    kubelet.unpublish(vid, t1)
+    kubelet.unpublish(vid, t2)
+    kubelet.unstage(vid, st)
