@@ -345,6 +345,23 @@ static void csi_delete_volume(struct csi_plugin *p, const ProtobufCMessage *msg,
 		csi_state_free(&n);
 		goto out;
 	}
+	/* a record that cannot be read may say "staged": delete nothing */
+	if (ret != -ENOENT) {
+		csi_reply_set(r, CSI_INTERNAL,
+			      "the node record %s/node/%s.json cannot be read (%s): the volume was not deleted; repair or remove the record",
+			      p->store.root, req->volume_id, strerror(-ret));
+		goto out;
+	}
+	ret = csi_volume_served(&p->store, req->volume_id);
+	if (ret) {
+		if (ret == -EBUSY)
+			csi_reply_set(r, CSI_FAILED_PRECONDITION,
+				      "volume %s is still served by a stratafs daemon (its workdir is locked): unstage it first",
+				      req->volume_id);
+		else
+			csi_reply_errno(r, ret, "checking the volume's workdir");
+		goto out;
+	}
 	ret = csi_volume_delete(&p->store, req->volume_id);
 	if (ret) {
 		csi_reply_errno(r, ret, "deleting the volume");

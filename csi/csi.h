@@ -311,6 +311,7 @@ int csi_volume_load(struct csi_store *s, const char *id, struct csi_volume *v);
 int csi_volume_find(struct csi_store *s, const char *name, bool ephemeral,
 		    struct csi_volume *v);
 int csi_volume_create(struct csi_store *s, struct csi_volume *v);
+int csi_volume_served(struct csi_store *s, const char *id);
 int csi_volume_delete(struct csi_store *s, const char *id);
 int csi_store_scan(int dirfd, const char *suffix, char ***ids, int *count);
 int csi_volume_list(struct csi_store *s, char ***ids, int *count);

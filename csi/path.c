@@ -53,9 +53,15 @@ static int csi_openat_walk(int dirfd, const char *path, int flags)
 		next = strtok_r(NULL, "/", &save);
 		nfd = openat(fd, comp, (next ? O_PATH : flags) | O_NOFOLLOW |
 					       O_CLOEXEC);
+		if (nfd < 0) {
+			/* O_NOFOLLOW|O_DIRECTORY on a symlink says ENOTDIR */
+			nfd = errno == ENOTDIR && fstatat(fd, comp, &st,
+							  AT_SYMLINK_NOFOLLOW) == 0 &&
+			      S_ISLNK(st.st_mode) ? -ELOOP : -errno;
+			close(fd);
+			return nfd;
+		}
 		close(fd);
-		if (nfd < 0)
-			return -errno;
 		fd = nfd;
 		if (fstat(fd, &st) < 0 || S_ISLNK(st.st_mode) ||
 		    (next && !S_ISDIR(st.st_mode))) {
@@ -248,8 +254,6 @@ int csi_path_resolve(const struct csi_plugin *p, const char *path,
  */
 int csi_path_open(const struct csi_path *pp, bool create, bool *created)
 {
-	int fd;
-
 	if (created)
 		*created = false;
 	if (create) {
@@ -260,17 +264,9 @@ int csi_path_open(const struct csi_path *pp, bool create, bool *created)
 			return -errno;
 		}
 	}
-	fd = csi_openat2(pp->parent, pp->name, O_PATH | O_DIRECTORY | O_NOFOLLOW,
-			 CSI_RESOLVE | RESOLVE_BENEATH);
-	/* O_NOFOLLOW on a symlink: ELOOP, or ENOTDIR with O_DIRECTORY */
-	if (fd == -ENOTDIR) {
-		struct stat st;
-
-		if (fstatat(pp->parent, pp->name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
-		    S_ISLNK(st.st_mode))
-			return -ELOOP;
-	}
-	return fd;
+	return csi_openat2(pp->parent, pp->name,
+			   O_PATH | O_DIRECTORY | O_NOFOLLOW,
+			   CSI_RESOLVE | RESOLVE_BENEATH);
 }
 
 /* The error a bad path gets, in the caller's words. */

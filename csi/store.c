@@ -23,7 +23,6 @@
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
-#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -423,6 +422,27 @@ out:
 	return ret;
 }
 
+/*
+ * -EBUSY while a daemon serves the volume, whatever the node records
+ * say: a mounted stratafs holds an exclusive flock on its workdir. 0 when
+ * none does (or the volume has no workdir any more).
+ */
+int csi_volume_served(struct csi_store *s, const char *id)
+{
+	char path[64];
+	int fd, ret = 0;
+
+	snprintf(path, sizeof(path), "%s/work", id);
+	fd = openat(s->volumes_fd, path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW |
+					     O_CLOEXEC);
+	if (fd < 0)
+		return errno == ENOENT ? 0 : -errno;
+	if (flock(fd, LOCK_SH | LOCK_NB) < 0)
+		ret = errno == EWOULDBLOCK ? -EBUSY : -errno;
+	close(fd);
+	return ret;
+}
+
 int csi_volume_delete(struct csi_store *s, const char *id)
 {
 	char tmp[64];
@@ -452,33 +472,11 @@ int csi_volume_delete(struct csi_store *s, const char *id)
  */
 int csi_layer_open(struct csi_store *s, const char *name)
 {
-	struct open_how how = {
-		.flags = O_PATH | O_DIRECTORY | O_CLOEXEC,
-		.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS |
-			   RESOLVE_NO_MAGICLINKS,
-	};
-	struct stat st = { 0 };
-	int fd;
-
 	if (csi_layer_name_check(name))
 		return -EINVAL;
-	fd = syscall(SYS_openat2, s->layers_fd, name, &how, sizeof(how));
-	if (fd >= 0 || errno != ENOSYS)
-		return fd < 0 ? -errno : fd;
-	/*
-	 * No openat2 (seccomp, valgrind): a checked name is one component
-	 * without "..", so refusing a symlink at that component is the same rule.
-	 */
-	fd = openat(s->layers_fd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
-	if (fd < 0)
-		return -errno;
-	if (fstat(fd, &st) < 0 || !S_ISDIR(st.st_mode)) {
-		int ret = S_ISLNK(st.st_mode) ? -ELOOP : -ENOTDIR;
-
-		close(fd);
-		return ret;
-	}
-	return fd;
+	return csi_openat2(s->layers_fd, name, O_PATH | O_DIRECTORY,
+			   RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS |
+				   RESOLVE_NO_MAGICLINKS);
 }
 
 static __thread int64_t csi_du_bytes, csi_du_inodes;

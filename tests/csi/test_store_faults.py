@@ -92,3 +92,41 @@ def test_damaged_volume_record(env):
     # and a damaged record does not keep the volume from being deleted
     assert p.csi.DeleteVolume(volume_id=bad).code == "OK"
     assert not os.path.exists(p.path("volumes", bad))
+
+
+def test_damaged_node_record_fails_closed(env, strata, kubelet, csi):
+    """A node record that cannot be read may be the one saying "staged":
+    DeleteVolume, unpublish and unstage refuse, naming it, and delete or
+    unmount nothing."""
+    vid = kubelet.create("staged")
+    st = kubelet.stage(vid)
+    tgt = kubelet.publish(vid, st)
+    path = strata.path("node", vid + ".json")
+    good = open(path).read()
+    with open(path, "w") as f:
+        f.write('{"volume_id": "' + vid + '", "staging_pa')
+    for call, kw in (("DeleteVolume", {}),
+                     ("NodeUnpublishVolume", {"target_path": tgt}),
+                     ("NodeUnstageVolume", {"staging_target_path": st})):
+        r = csi.call(call, volume_id=vid, **kw)
+        assert r.code == "INTERNAL", (call, r)
+        assert path in r.details and "cannot be read" in r.details, (call, r)
+    assert os.path.isdir(strata.path("volumes", vid, "upper"))
+    assert is_mounted(st, STRATAFS_FSTYPE) and is_mounted(tgt, STRATAFS_FSTYPE)
+    with open(path, "w") as f:
+        f.write(good)
+    kubelet.unpublish(vid, tgt)
+    kubelet.unstage(vid, st)
+    kubelet.delete(vid)
+
+
+def test_delete_refused_while_a_daemon_serves_the_volume(env, strata, kubelet, csi):
+    """Whatever the records say, a volume whose daemon still runs (here:
+    its node record lost) is not deleted under it."""
+    vid = kubelet.create("served")
+    st = kubelet.stage(vid)
+    os.unlink(strata.path("node", vid + ".json"))
+    r = csi.DeleteVolume(volume_id=vid)
+    assert r.code == "FAILED_PRECONDITION" and "still served" in r.details, r
+    assert os.path.isdir(strata.path("volumes", vid, "upper"))
+    assert is_mounted(st, STRATAFS_FSTYPE)
