@@ -288,6 +288,10 @@ int csi_volume_options_check(size_t n, void *const *entries, const char *what,
 int csi_wire_strings_check(const ProtobufCMessageDescriptor *d,
 			   const uint8_t *data, size_t len, int depth);
 
+/* killpoint.c: where a test may make the plugin die */
+void csi_kill_points_init(void);
+void csi_kill_point(const char *name);
+
 /* lock.c: one operation at a time per volume */
 int csi_busy_enter(struct csi_store *s, const char *id);
 void csi_busy_leave(struct csi_store *s, const char *id);

@@ -281,6 +281,7 @@ static int csi_node_start(struct csi_plugin *p, struct csi_reply *r,
 	dirfd = csi_node_mountpoint(r, "staging_target_path", pp, &created);
 	if (dirfd < 0)
 		return dirfd;
+	csi_kill_point("stage.dir");
 	ret = csi_mount_group(p, v->id, cap);
 	if (ret) {
 		csi_reply_errno(r, ret, "volume_mount_group");
@@ -303,6 +304,7 @@ static int csi_node_start(struct csi_plugin *p, struct csi_reply *r,
 			      CSI_INTERNAL, "%s", why);
 		goto out_rmdir;
 	}
+	csi_kill_point("stage.daemon");
 	/* recorded before it is attached: a crash in between leaves no orphan */
 	ret = csi_mnt_of(mntfd, &n->mnt, NULL);
 	if (ret) {
@@ -315,12 +317,14 @@ static int csi_node_start(struct csi_plugin *p, struct csi_reply *r,
 		csi_reply_errno(r, ret, "saving the node record");
 		goto out_stop;
 	}
+	csi_kill_point("stage.record");
 	ret = csi_mnt_attach(mntfd, dirfd, false);
 	if (ret) {
 		csi_reply_errno(r, ret, "attaching the mount at staging_target_path");
 		csi_state_remove(&p->store, n->id);
 		goto out_stop;
 	}
+	csi_kill_point("stage.attach");
 	close(mntfd);
 	close(dirfd);
 	return 0;
@@ -446,12 +450,15 @@ static int csi_node_teardown(struct csi_plugin *p, struct csi_reply *r,
 		csi_reply_errno(r, ret, "unmounting the staging path");
 		return ret;
 	}
+	csi_kill_point("unstage.detach");
 	csi_daemon_stop(p, n);
+	csi_kill_point("unstage.daemon");
 	ret = csi_state_remove(&p->store, n->id);
 	if (ret) {
 		csi_reply_errno(r, ret, "removing the node record");
 		return ret;
 	}
+	csi_kill_point("unstage.record");
 	csi_state_remove_stats(&p->store, n->id);
 	csi_node_rmdir(pp, n->staging_created);
 	return 0;
@@ -630,6 +637,7 @@ static int csi_ephemeral_prepare(struct csi_plugin *p, struct csi_reply *r,
 		return ret;
 	memcpy(nr->own_id, nr->v.id, sizeof(nr->own_id));
 	nr->id = nr->own_id;
+	csi_kill_point("inline.create");
 	ret = csi_node_lock(p, r, nr);
 	if (!ret)
 		ret = csi_ephemeral_staging(p, r, nr->id, &nr->staging);
@@ -744,6 +752,7 @@ static int csi_publish_bind(struct csi_plugin *p, struct csi_reply *r,
 	dirfd = csi_node_mountpoint(r, "target_path", &nr->path, &created);
 	if (dirfd < 0)
 		return dirfd;
+	csi_kill_point("publish.dir");
 	ret = csi_mnt_at(&nr->staging, &nr->n.mnt, &stagefd, &top);
 	if (ret != 1) {
 		csi_reply_set(r, CSI_INTERNAL,
@@ -773,7 +782,9 @@ static int csi_publish_bind(struct csi_plugin *p, struct csi_reply *r,
 		csi_reply_errno(r, ret, "saving the node record");
 		goto out;
 	}
+	csi_kill_point("publish.record");
 	ret = csi_mnt_attach(treefd, dirfd, false);
+	csi_kill_point("publish.attach");
 	if (ret) {
 		csi_reply_errno(r, ret, "attaching the bind mount at target_path");
 		csi_state_drop_target(&nr->n, nr->path.path);
@@ -963,6 +974,7 @@ static void csi_node_unpublish(struct csi_plugin *p, const ProtobufCMessage *msg
 		csi_reply_ok(r, (void *)&csi_unpublish_out);
 		goto out;
 	}
+	csi_kill_point("unpublish.detach");
 	created = t->created;
 	csi_state_drop_target(&nr.n, req->target_path);
 	ret = csi_state_save(&p->store, &nr.n);
@@ -970,6 +982,7 @@ static void csi_node_unpublish(struct csi_plugin *p, const ProtobufCMessage *msg
 		csi_reply_errno(r, ret, "saving the node record");
 		goto out;
 	}
+	csi_kill_point("unpublish.record");
 	csi_node_rmdir(&nr.path, created);
 	if (nr.v.ephemeral && csi_ephemeral_remove(p, r, &nr, true))
 		goto out;

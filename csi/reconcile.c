@@ -116,11 +116,13 @@ int csi_heal(struct csi_plugin *p, const struct csi_volume *v,
 	ret = csi_daemon_start(p, v, n, &mntfd, why, size);
 	if (ret)
 		return ret;
+	csi_kill_point("heal.daemon");
 	if (!n->prev.id)
 		n->prev = old;
 	ret = csi_mnt_of(mntfd, &n->mnt, NULL);
 	if (ret == 0)
 		ret = csi_state_save(&p->store, n);
+	csi_kill_point("heal.record");
 	if (ret == 0)
 		ret = csi_replace_at(n->staging, mntfd, &old, &n->prev);
 	if (ret) {
@@ -130,8 +132,11 @@ int csi_heal(struct csi_plugin *p, const struct csi_volume *v,
 		goto out;
 	}
 	csi_metrics_event(CSI_EV_DAEMON_RESTART);
-	for (int i = 0; i < n->ntargets && !ret; i++)
+	csi_kill_point("heal.staging");
+	for (int i = 0; i < n->ntargets && !ret; i++) {
 		ret = csi_rebind(p, n, &n->targets[i], mntfd, why, size);
+		csi_kill_point("heal.target");
+	}
 	if (ret)
 		goto out;
 	n->prev = (struct csi_mnt){ 0 };

@@ -407,11 +407,13 @@ int csi_volume_create(struct csi_store *s, struct csi_volume *v)
 	ret = csi_record_write(fd, "volume.json", o);
 	if (ret)
 		goto out_remove;
+	csi_kill_point("create.build");
 	if (renameat(s->volumes_fd, tmp, s->volumes_fd, v->id) < 0) {
 		ret = -errno;
 		goto out_remove;
 	}
 	ret = fsync(s->volumes_fd) < 0 ? -errno : 0;
+	csi_kill_point("create.done");
 	goto out;
 out_remove:
 	strata_rmtree_at(s->volumes_fd, tmp);
@@ -454,6 +456,7 @@ int csi_volume_delete(struct csi_store *s, const char *id)
 	if (renameat(s->volumes_fd, id, s->volumes_fd, tmp) < 0)
 		return errno == ENOENT ? 0 : -errno;
 	fsync(s->volumes_fd);
+	csi_kill_point("delete.rename");
 	/* the daemon log outlives unstaging, for post-mortems; not the volume */
 	snprintf(tmp, sizeof(tmp), "%s.log", id);
 	unlinkat(s->node_fd, tmp, 0);

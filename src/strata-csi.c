@@ -353,6 +353,7 @@ int main(int argc, char **argv)
 		return ret == 1 ? 0 : 2;
 	}
 	strata_log_json(json);
+	csi_kill_points_init();
 	ret = 1;
 	lock_fd = csi_lock_socket(p.cfg.socket_path);
 	if (lock_fd < 0)

@@ -37,6 +37,8 @@ PROTO = os.path.join(REPO, "csi", "csi.proto")
 DEFAULT_DRIVER = "strata.csi.dev"
 DEFAULT_NODE = "node-1"
 STRATAFS_FSTYPE = "fuse.stratafs"
+# the volume_context key that makes a publish an inline volume
+EPH = "csi.storage.k8s.io/ephemeral"
 VOLUME_ID_RE = re.compile(r"^sv-[0-9a-f]{32}$")
 # the plugin waits up to 15 s for a daemon's mount; leave room above it
 RPC_TIMEOUT = float(os.environ.get("STRATA_CSI_RPC_TIMEOUT", "30"))
@@ -330,6 +332,20 @@ def pids_referencing(base):
     return out
 
 
+def daemons_of(root):
+    """Live stratafs processes serving a volume of the store at `root`."""
+    out = []
+    for pid in pids_referencing(os.path.join(root, "volumes")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv0 = f.read().split(b"\0")[0]
+        except OSError:
+            continue
+        if os.path.basename(argv0) == b"stratafs":
+            out.append(pid)
+    return out
+
+
 def poll(fn, timeout=10.0, interval=0.02, what="condition"):
     """Call fn until it returns a truthy value; return it, or fail."""
     deadline = time.monotonic() + timeout
@@ -407,7 +423,8 @@ class Plugin:
 
     def __init__(self, env, *, root, sock, node=DEFAULT_NODE, driver=None,
                  mode=None, max_volumes=None, stratafs=None, extra=(),
-                 prefix=(), use_env_endpoint=False, name="plugin"):
+                 prefix=(), use_env_endpoint=False, name="plugin",
+                 environ=None):
         self.env = env
         self.root = root
         self.sock = sock
@@ -420,6 +437,7 @@ class Plugin:
         self.prefix = list(prefix)
         self.use_env_endpoint = use_env_endpoint
         self.name = name
+        self.environ = dict(environ or {})   # added to the environment
         self.proc = None
         self.csi = None
         self.nstarts = 0
@@ -449,7 +467,7 @@ class Plugin:
         assert self.proc is None or self.proc.poll() is not None
         self.nstarts += 1
         self.log_path = os.path.join(self.env.base, f"{self.name}.{self.nstarts}.log")
-        envv = dict(os.environ)
+        envv = dict(os.environ, **self.environ)
         if self.use_env_endpoint:
             envv["CSI_ENDPOINT"] = self.endpoint
         with open(self.log_path, "wb") as log:

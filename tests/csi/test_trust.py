@@ -14,8 +14,8 @@ import subprocess
 
 import pytest
 
-from csitest import (STRATAFS_FSTYPE, Kubelet, answers, cap, is_mounted,
-                     mount_id, mounts_at, mounts_under, pids_referencing, poll,
+from csitest import (STRATAFS_FSTYPE, Kubelet, answers, cap, daemons_of,
+                     is_mounted, mount_id, mounts_at, mounts_under, poll,
                      read_file, snapshot, write_file)
 
 
@@ -377,26 +377,12 @@ def publish_inline(csi, kid, target):
                                  volume_context={EPH: "true", "layers": "base"})
 
 
-def daemons_of(strata):
-    """Live stratafs processes serving a volume of this store."""
-    out = []
-    for pid in pids_referencing(strata.path("volumes")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                argv0 = f.read().split(b"\0")[0]
-        except OSError:
-            continue
-        if os.path.basename(argv0) == b"stratafs":
-            out.append(pid)
-    return out
-
-
 def nothing_left(strata):
     """No inline volume, record, mount or daemon left in the store."""
     assert os.listdir(strata.path("volumes")) == []
     assert [n for n in os.listdir(strata.path("node")) if n.endswith(".json")] == []
     assert not mounts_under(strata.root)
-    poll(lambda: not daemons_of(strata), 10,
+    poll(lambda: not daemons_of(strata.root), 10,
          what="the inline volume's daemon to exit")
 
 
