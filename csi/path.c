@@ -53,15 +53,9 @@ static int csi_openat_walk(int dirfd, const char *path, int flags)
 		next = strtok_r(NULL, "/", &save);
 		nfd = openat(fd, comp, (next ? O_PATH : flags) | O_NOFOLLOW |
 					       O_CLOEXEC);
-		if (nfd < 0) {
-			/* O_NOFOLLOW|O_DIRECTORY on a symlink says ENOTDIR */
-			nfd = errno == ENOTDIR && fstatat(fd, comp, &st,
-							  AT_SYMLINK_NOFOLLOW) == 0 &&
-			      S_ISLNK(st.st_mode) ? -ELOOP : -errno;
-			close(fd);
-			return nfd;
-		}
 		close(fd);
+		if (nfd < 0)
+			return -errno;
 		fd = nfd;
 		if (fstat(fd, &st) < 0 || S_ISLNK(st.st_mode) ||
 		    (next && !S_ISDIR(st.st_mode))) {
@@ -78,10 +72,21 @@ int csi_openat2(int dirfd, const char *path, int flags, unsigned long long resol
 	struct open_how how = { .flags = (unsigned)flags | O_CLOEXEC,
 				.resolve = resolve };
 	int fd = (int)syscall(SYS_openat2, dirfd, path, &how, sizeof(how));
+	struct stat st;
 
 	if (fd < 0 && errno == ENOSYS)
-		return csi_openat_walk(dirfd, path, flags);
-	return fd < 0 ? -errno : fd;
+		fd = csi_openat_walk(dirfd, path, flags);
+	else if (fd < 0)
+		fd = -errno;
+	/*
+	 * O_DIRECTORY|O_NOFOLLOW on a symlink says ENOTDIR: say what it is.
+	 * Only the last component can be the symlink here; one before it
+	 * failed with ELOOP already.
+	 */
+	if (fd == -ENOTDIR && fstatat(dirfd, path, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+	    S_ISLNK(st.st_mode))
+		fd = -ELOOP;
+	return fd;
 }
 
 static bool csi_path_below(const char *path, const char *dir)
