@@ -120,12 +120,17 @@ def test_restart_after_stage(env, kubelet, strata):
     tear_down(env, kubelet, strata, vid, st, [tgt], pid)
 
 
+def two_targets(env, kubelet, name):
+    """A volume staged and published at two targets: (id, staging, t1, t2)."""
+    vid = kubelet.create(name)
+    st = kubelet.stage(vid)
+    return (vid, st, kubelet.publish(vid, st, env.target(name + "-1")),
+            kubelet.publish(vid, st, env.target(name + "-2")))
+
+
 @pytest.mark.timeout(90)
 def test_restart_after_publish(env, kubelet, strata):
-    vid = kubelet.create("r2")
-    st = kubelet.stage(vid)
-    t1 = kubelet.publish(vid, st, env.target("a"))
-    t2 = kubelet.publish(vid, st, env.target("b"))
+    vid, st, t1, t2 = two_targets(env, kubelet, "r2")
     write_file(os.path.join(t1, "data"), "written before the restart")
     pid = strata.daemon_pid(vid)
     strata.restart()
@@ -288,10 +293,7 @@ def test_lost_bind_rebinds_only_that_target(env, kubelet, strata):
     """One target loses its bind mount: it is bound again, and the daemon
     and the other target are left as they were."""
     import subprocess
-    vid = kubelet.create("lostbind")
-    st = kubelet.stage(vid)
-    t1 = kubelet.publish(vid, st, env.target("one"))
-    t2 = kubelet.publish(vid, st, env.target("two"))
+    vid, st, t1, t2 = two_targets(env, kubelet, "lostbind")
     write_file(os.path.join(t1, "f"), "x")
     pid = strata.daemon_pid(vid)
     t2_mount = mount_id(t2)
