@@ -870,7 +870,8 @@ static void csi_node_publish(struct csi_plugin *p, const ProtobufCMessage *msg,
 	t = csi_state_target(&nr.n, nr.path.path);
 	if (t) {
 		ret = csi_publish_again(r, &nr, t, ro);
-		if (ret == 1)
+		/* published already: make sure it still answers */
+		if (ret == 1 && csi_node_ensure(p, r, &nr) == 0)
 			csi_reply_ok(r, (void *)&csi_publish_out);
 		if (ret)
 			goto out_eph;
