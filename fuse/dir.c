@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include "stratafs.h"
@@ -167,10 +168,12 @@ void sfs_op_mknod(fuse_req_t req, fuse_ino_t parent, const char *name,
 		  mode_t mode, dev_t rdev)
 {
 	struct sfs_node *n = NULL;
-	int ret = sfs_create_entry(req, parent, name, mode, rdev,
-				   NULL, &n);
+	int ret = -EPERM;
 
 	sfs_count(STRATA_ST_MKNOD, 1);
+	/* a whiteout is the overlay's marker, never the user's file */
+	if (!S_ISCHR(mode) || rdev != makedev(0, 0))
+		ret = sfs_create_entry(req, parent, name, mode, rdev, NULL, &n);
 	sfs_reply_new(req, ret, n);
 }
 

@@ -775,8 +775,11 @@ int sfs_node_stat(struct sfs_node *n, struct stat *st)
 		if (ret < 0)
 			return ret;
 	}
-	if (n->unlinked)
-		st->st_nlink = 0;
+	/*
+	 * No override for a removed file: the real count is what the
+	 * kernel's overlayfs reports too (an upper file's fell to 0, a lower
+	 * one's stays), and an indexed file's own count fell with it.
+	 */
 	return 0;
 }
 
@@ -786,15 +789,18 @@ void sfs_op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	struct stat st;
 	int ret = sfs_node_get_pinned(ino, &n);
 
+	double timeout = 0;
+
 	sfs_count(STRATA_ST_GETATTR, 1);
 	if (ret == 0) {
 		ret = sfs_node_stat(n, &st);
+		timeout = sfs_attr_timeout(n);
 		sfs_node_release(n);
 	}
 	if (ret < 0)
 		sfs_reply_err(req, ret);
 	else
-		fuse_reply_attr(req, &st, sfs->timeout);
+		fuse_reply_attr(req, &st, timeout);
 }
 
 static int sfs_set_times(struct sfs_node *n, int fd, const struct stat *attr,
@@ -841,6 +847,12 @@ static int sfs_truncate(struct sfs_node *n, int fd, off_t size)
 	return ret;
 }
 
+/* The bits of a SETATTR that change something besides ctime. */
+#define SFS_SET_ATTR_ANY                                                      \
+	(FUSE_SET_ATTR_MODE | FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID |         \
+	 FUSE_SET_ATTR_SIZE | FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_MTIME |     \
+	 FUSE_SET_ATTR_ATIME_NOW | FUSE_SET_ATTR_MTIME_NOW)
+
 static void sfs_setattr(fuse_req_t req, struct sfs_node *n, struct stat *attr,
 			int valid, struct fuse_file_info *fi)
 {
@@ -865,7 +877,12 @@ static void sfs_setattr(fuse_req_t req, struct sfs_node *n, struct stat *attr,
 	/* attributes change: the next write checks privileges again */
 	atomic_store(&n->nosec, false);
 
-	if (valid & (FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID)) {
+	/*
+	 * chown(-1, -1) changes nothing but ctime: the kernel sends no bit
+	 * for it, and the upper filesystem's own no-op chown sets ctime.
+	 */
+	if (valid & (FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID) ||
+	    !(valid & SFS_SET_ATTR_ANY)) {
 		uid_t uid = (valid & FUSE_SET_ATTR_UID) ? attr->st_uid : (uid_t)-1;
 		gid_t gid = (valid & FUSE_SET_ATTR_GID) ? attr->st_gid : (gid_t)-1;
 
@@ -912,7 +929,7 @@ static void sfs_setattr(fuse_req_t req, struct sfs_node *n, struct stat *attr,
 	ret = sfs_node_stat(n, &st);
 	if (ret < 0)
 		goto out_err;
-	fuse_reply_attr(req, &st, sfs->timeout);
+	fuse_reply_attr(req, &st, sfs_attr_timeout(n));
 	return;
 
 out_err:

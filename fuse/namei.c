@@ -378,7 +378,7 @@ int sfs_fill_entry(struct sfs_node *n, struct fuse_entry_param *e)
 {
 	memset(e, 0, sizeof(*e));
 	e->ino = sfs_node_id(n);
-	e->attr_timeout = sfs->timeout;
+	e->attr_timeout = sfs_attr_timeout(n);
 	e->entry_timeout = sfs->timeout;
 	return sfs_node_stat(n, &e->attr);
 }

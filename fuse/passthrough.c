@@ -113,6 +113,9 @@ int sfs_pass_open(struct sfs_file *f)
 	}
 	n->npass++;
 	f->passthrough = true;
+	/* the kernel writes it without us: as if written from now on */
+	if ((f->flags & O_ACCMODE) != O_RDONLY)
+		atomic_fetch_add(&n->dirty, 1);
 	id = n->backing;
 out:
 	sfs_unlock(&n->lock);

@@ -48,6 +48,7 @@ struct sfs_params {
 	/* ints, not bools: fuse_opt stores flag options as int */
 	int userxattr;
 	int passthrough;	/* asked for; sfs_fs.passthrough: in effect */
+	int noallow_other;	/* root mounts: keep other users out */
 	int foreground;
 	int debug;
 	int show_help;
@@ -165,6 +166,12 @@ struct sfs_node {
 	atomic_bool has_origin;	/* upper copy records the lower's inode number */
 	atomic_bool indexed;	/* upper data lives in the hardlink index */
 	atomic_bool unlinked;	/* no name left in the view */
+	/*
+	 * Data written since the last fsync: the upper filesystem may still
+	 * allocate (st_blocks) when it writes back, so the kernel must not
+	 * cache the attributes meanwhile. Bumped per write, 0 when synced.
+	 */
+	atomic_uint dirty;
 	bool pass_used;		/* lock: passthrough since the last cached open */
 	uint8_t nlower;		/* const */
 	int32_t backing;	/* lock: passthrough backing id while npass */
@@ -292,6 +299,12 @@ void __tsan_release(void *addr);
 static inline bool sfs_has_upper(void)
 {
 	return sfs->upper.fd >= 0;
+}
+
+/* How long the kernel may keep the node's attributes. */
+static inline double sfs_attr_timeout(struct sfs_node *n)
+{
+	return atomic_load(&n->dirty) ? 0 : sfs->timeout;
 }
 
 /* The node's upper descriptor, or -1 when it has no upper entry. Pinned. */
@@ -429,6 +442,9 @@ mode_t sfs_killpriv_bits(fuse_req_t req, const struct stat *st);
 int sfs_file_has_caps(int fd);
 int sfs_file_reply(fuse_req_t req, struct sfs_file *f,
 		   struct fuse_file_info *fi, const struct fuse_entry_param *e);
+void sfs_op_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void *arg,
+		  struct fuse_file_info *fi, unsigned flags,
+		  const void *in_buf, size_t in_bufsz, size_t out_bufsz);
 
 /* xattr.c */
 struct sfs_xpath {

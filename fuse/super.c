@@ -355,6 +355,9 @@ static void sfs_op_init(void *userdata, struct fuse_conn_info *conn)
 		sfs->dir_cache = (conn->capable & FUSE_CAP_NO_OPENDIR_SUPPORT) ?
 					 SFS_DIR_CACHE_NO_OPENDIR :
 					 SFS_DIR_CACHE_ON;
+	/* lsattr and chattr on directories too (sfs_op_ioctl) */
+	if (conn->capable & FUSE_CAP_IOCTL_DIR)
+		conn->want |= FUSE_CAP_IOCTL_DIR;
 #ifdef STRATA_TSAN
 	/* read(2) and write(2) on /dev/fuse order requests for TSan */
 	conn->want &= ~(FUSE_CAP_SPLICE_READ | FUSE_CAP_SPLICE_WRITE |
@@ -402,4 +405,5 @@ const struct fuse_lowlevel_ops sfs_ops = {
 	.getxattr = sfs_op_getxattr,
 	.listxattr = sfs_op_listxattr,
 	.removexattr = sfs_op_removexattr,
+	.ioctl = sfs_op_ioctl,
 };
