@@ -213,7 +213,8 @@ static int sfs_file_readfd(struct sfs_file *f)
 		return f->fd;
 	pthread_mutex_lock(&f->lock);
 	if (!f->upper && sfs_node_pin(f->node) == 0) {
-		fd = sfs_reopen(sfs_upper(f->node), O_RDONLY);
+		fd = sfs_reopen(sfs_upper(f->node),
+				O_RDONLY | (f->flags & O_DIRECT));
 		sfs_node_unpin(f->node);
 		if (fd >= 0) {
 			/*
@@ -235,7 +236,9 @@ void sfs_op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 {
 	sfs_count(STRATA_ST_READ, 1);
 	sfs_count(STRATA_ST_READ_BYTES, size);
-	sfs_io_read(req, sfs_file_readfd(sfs_fh(fi)), size, off);
+	struct sfs_file *f = sfs_fh(fi);
+
+	sfs_io_read(req, sfs_file_readfd(f), size, off, f->flags & O_DIRECT);
 }
 
 void sfs_op_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *buf,
@@ -251,7 +254,7 @@ void sfs_op_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *buf,
 		return;
 	}
 	atomic_fetch_add(&f->node->dirty, 1);
-	sfs_io_write(req, f->fd, buf, off);
+	sfs_io_write(req, f->fd, buf, off, f->flags & O_DIRECT);
 }
 
 void sfs_op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)

@@ -507,8 +507,9 @@ int sfs_handshake(struct fuse_session *se);
 /* io.c: all file data moves through here */
 int sfs_io_init(const char *engine);
 void sfs_io_shutdown(void);
-void sfs_io_read(fuse_req_t req, int fd, size_t size, off_t off);
-void sfs_io_write(fuse_req_t req, int fd, struct fuse_bufvec *in, off_t off);
+void sfs_io_read(fuse_req_t req, int fd, size_t size, off_t off, bool direct);
+void sfs_io_write(fuse_req_t req, int fd, struct fuse_bufvec *in, off_t off,
+		  bool direct);
 void sfs_io_copy_file(fuse_req_t req, int in, off_t off_in, int out,
 		      off_t off_out, size_t len, int flags);
 int sfs_io_copy_range(int in, int out, off_t off, size_t len);
