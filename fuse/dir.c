@@ -500,8 +500,12 @@ out:
 	return ret;
 }
 
-/* A moved directory with lower content remembers where that content is. */
-static int sfs_rename_redirect(struct sfs_node *n)
+/*
+ * A moved directory with lower content remembers where that content is:
+ * by its old name when it stays in its directory, by an absolute path
+ * when it leaves, as the kernel's overlayfs writes them.
+ */
+static int sfs_rename_redirect(struct sfs_node *n, bool samedir)
 {
 	char path[PATH_MAX];
 	char *dup;
@@ -510,11 +514,15 @@ static int sfs_rename_redirect(struct sfs_node *n)
 	if (!S_ISDIR(n->type) || n->nlower == 0)
 		return 0;
 	sfs_lock(&n->lock);
-	ret = (n->di->redirect && n->di->redirect[0] == '/') ? 1 : 0;
+	ret = n->di->redirect &&
+	      (samedir || n->di->redirect[0] == '/') ? 1 : 0;
+	if (!ret && samedir)
+		snprintf(path, sizeof(path), "%s", n->name);
 	sfs_unlock(&n->lock);
 	if (ret)
 		return 0;
-	ret = sfs_lower_path(n, path, sizeof(path));
+	if (!samedir)
+		ret = sfs_lower_path(n, path, sizeof(path));
 	if (ret < 0)
 		return ret;
 	dup = strdup(path);
@@ -685,9 +693,9 @@ static int sfs_rename_entry(struct sfs_node *pdir, const char *name,
 	if (ret == 0)
 		ret = sfs_copy_up(ndir);
 	if (ret == 0 && (pdir != ndir || strcmp(name, newname)))
-		ret = sfs_rename_redirect(src);
+		ret = sfs_rename_redirect(src, pdir == ndir);
 	if (ret == 0 && (flags & RENAME_EXCHANGE))
-		ret = sfs_rename_redirect(dst);
+		ret = sfs_rename_redirect(dst, pdir == ndir);
 	if (ret == 0 && src->has_origin)
 		ret = sfs_mark_impure(ndir);
 	if (ret == 0 && dst && dst->has_origin && (flags & RENAME_EXCHANGE))

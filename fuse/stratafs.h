@@ -203,6 +203,12 @@ struct sfs_fs {
 	int tmpfd;		/* workdir/work: temp entries for atomic moves */
 	int indexfd;		/* workdir/strata-index: lower hardlinks */
 	int nullfd;		/* O_PATH /dev/null: stands in for released files */
+	/* the layers' roots and the workdir: never entered through a lookup */
+	int ntraps;
+	struct {
+		dev_t dev;
+		ino_t ino;
+	} traps[SFS_MAX_LOWERS + 2];
 	char xattr_prefix[32];	/* "trusted.overlay." or "user.overlay." */
 	char xattr_opaque[48];
 	char xattr_redirect[48];
@@ -323,6 +329,7 @@ void sfs_usage(const char *prog);
 
 /* super.c */
 int sfs_setup(struct sfs_fs *fs);
+bool sfs_is_trap(const struct stat *st);
 void sfs_teardown(struct sfs_fs *fs);
 extern const struct fuse_lowlevel_ops sfs_ops;
 

@@ -311,6 +311,31 @@ static void sfs_setup_xattr_names(struct sfs_fs *fs)
 		 p);
 }
 
+/*
+ * The kernel's overlayfs refuses to enter a layer's root or the workdir
+ * through a lookup (ELOOP): a redirect, or layers sharing a tree, could
+ * otherwise show a layer inside itself.
+ */
+static void sfs_add_trap(struct sfs_fs *fs, int fd)
+{
+	struct stat st;
+
+	if (fd >= 0 && fstat(fd, &st) == 0) {
+		fs->traps[fs->ntraps].dev = st.st_dev;
+		fs->traps[fs->ntraps].ino = st.st_ino;
+		fs->ntraps++;
+	}
+}
+
+bool sfs_is_trap(const struct stat *st)
+{
+	for (int i = 0; i < sfs->ntraps; i++)
+		if (sfs->traps[i].ino == st->st_ino &&
+		    sfs->traps[i].dev == st->st_dev)
+			return true;
+	return false;
+}
+
 int sfs_setup(struct sfs_fs *fs)
 {
 	char *paths[SFS_MAX_LOWERS + 2], *names[SFS_MAX_LOWERS + 2];
@@ -379,6 +404,11 @@ int sfs_setup(struct sfs_fs *fs)
 	}
 	for (int i = 0; i < fs->nlower; i++)
 		fs->lower[i].fsid = sfs_fsid(fs, fs->lower[i].dev, devs, &ndevs);
+
+	sfs_add_trap(fs, fs->upper.fd);
+	sfs_add_trap(fs, fs->workfd);
+	for (int i = 0; i < fs->nlower; i++)
+		sfs_add_trap(fs, fs->lower[i].fd);
 
 	fs->nullfd = open("/dev/null", O_PATH | O_CLOEXEC);
 	if (fs->nullfd < 0) {
