@@ -248,18 +248,13 @@ static void sfs_lookup_init(struct sfs_lookup *d, const char *name)
 	snprintf(d->name, sizeof(d->name), "%s", name);
 }
 
-/* A lower file with several names may already have an upper copy. */
-static int sfs_lookup_index(struct sfs_found *f, uint64_t ino)
+/* A lower file with several names may already have a copy in the index. */
+static int sfs_lookup_index(struct sfs_found *f)
 {
-	char key[32];
-	int fd;
+	int fd = sfs_index_find(f->lower[0].fd, f->lower[0].layer, f->type);
 
-	if (sfs->indexfd < 0)
-		return 0;
-	snprintf(key, sizeof(key), "%016llx", (unsigned long long)ino);
-	fd = openat(sfs->indexfd, key, O_PATH | O_NOFOLLOW | O_CLOEXEC);
 	if (fd < 0)
-		return errno == ENOENT ? 0 : -errno;
+		return fd == -ENOENT || fd == -ENAMETOOLONG ? 0 : fd;
 	f->upper = fd;
 	f->indexed = true;
 	f->has_origin = true;
@@ -275,6 +270,9 @@ int sfs_lookup_name(struct sfs_node *dir, const char *name,
 
 	memset(f, 0, sizeof(*f));
 	f->upper = -1;
+	/* no layer can hold it (a redirect's name may be missing, though) */
+	if (strlen(name) > NAME_MAX)
+		return -ENAMETOOLONG;
 	sfs_lookup_init(&d, name);
 	if (upper >= 0) {
 		ret = sfs_lookup_single(upper, &d, name, 0, "", false,
@@ -335,26 +333,16 @@ static int sfs_found_ino(struct sfs_found *f, int dirfd, const char *name,
 			 bool impure, uint64_t *ino)
 {
 	if (f->upper >= 0) {
-		if (impure && sfs_origin_get(dirfd, name, ino) > 0) {
-			struct sfs_xpath x;
-			uint64_t count;
+		int ret = sfs_upper_ino(dirfd, name, f->st.st_ino, impure, ino,
+					&f->indexed);
 
-			f->has_origin = true;
-			/* one of the names of an indexed lower hard link */
-			if (!S_ISDIR(f->type) && f->st.st_nlink > 1 &&
-			    sfs_xpath_entry(&x, dirfd, name) == 0 &&
-			    sfs_xattr_get(&x, sfs->xattr_nlink, &count,
-					  sizeof(count)) == sizeof(count))
-				f->indexed = true;
-			return 0;
-		}
-		*ino = sfs_ino_compose(sfs->upper.fsid, f->st.st_ino);
-		return 0;
+		f->has_origin = ret > 0;
+		return ret < 0 ? ret : 0;
 	}
 	*ino = sfs_ino_compose(sfs->lower[f->lower[0].layer - 1].fsid,
 			       f->st.st_ino);
 	if (!S_ISDIR(f->type) && f->st.st_nlink > 1 && sfs_has_upper())
-		return sfs_lookup_index(f, *ino);
+		return sfs_lookup_index(f);
 	return 0;
 }
 
@@ -378,6 +366,15 @@ int sfs_lookup_node(struct sfs_node *dir, const char *name,
 		return ret;
 	}
 	*out = sfs_node_from_found(dir, name, &f, ino, &ret);
+	if (*out && atomic_load(&(*out)->indexed)) {
+		int count = sfs_index_nlink_get(*out);
+
+		if (count < 0) {
+			sfs_node_release(*out);
+			*out = NULL;
+			return count;
+		}
+	}
 	return ret;
 }
 
@@ -414,8 +411,7 @@ int sfs_lookup_held(struct sfs_node *dir, const char *name, struct stat *st,
 	impure = dir->di->impure;
 	sfs_unlock(&dir->lock);
 	/* the inode number exactly as sfs_found_ino makes it */
-	if (!impure || sfs_origin_get(upper, name, &ino) <= 0)
-		ino = sfs_ino_compose(sfs->upper.fsid, st->st_ino);
+	sfs_upper_ino(upper, name, st->st_ino, impure, &ino, NULL);
 	*out = sfs_node_find(ino, st->st_mode);
 	return *out ? 1 : 0;
 }

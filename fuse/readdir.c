@@ -210,9 +210,8 @@ static uint64_t sfs_entry_ino(struct sfs_lister *l, int dirfd, int layer,
 	uint64_t ino;
 
 	if (layer == 0) {
-		if (l->impure && sfs_origin_get(dirfd, name, &ino) > 0)
-			return ino;
-		return sfs_ino_compose(sfs->upper.fsid, real);
+		sfs_upper_ino(dirfd, name, real, l->impure, &ino, NULL);
+		return ino;
 	}
 	return sfs_ino_compose(sfs->lower[layer - 1].fsid, real);
 }

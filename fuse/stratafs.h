@@ -29,13 +29,22 @@
 /* Real inode numbers keep their low bits; the layer's filesystem goes above. */
 #define SFS_INO_FSID_SHIFT 56
 #define SFS_WORK_TMP "work"
-#define SFS_WORK_INDEX "strata-index"
+/* the kernel's index directory, and the one stratafs used before it */
+#define SFS_WORK_INDEX "index"
+#define SFS_WORK_OLD_INDEX "strata-index"
 
 struct sfs_layer {
 	char *path;		/* as given, for messages */
 	int fd;			/* O_RDONLY|O_DIRECTORY on the layer root */
 	dev_t dev;
 	unsigned fsid;		/* index of dev among the layers' devices */
+	uint8_t uuid[16];	/* its filesystem's, as origins carry it */
+};
+
+/* An origin: a lower file's handle in the kernel overlayfs format (index.c). */
+struct sfs_fh {
+	uint8_t len;
+	uint8_t buf[5 + 16 + 128];	/* header, uuid, MAX_HANDLE_SZ */
 };
 
 struct sfs_params {
@@ -145,7 +154,7 @@ struct sfs_node {
 	struct sfs_node *parent;	/* lock; referenced; NULL for root */
 	char *name;		/* lock: the inline copy, or one a rename made */
 	struct sfs_dirinfo *di;	/* const: directories only, else NULL */
-	int32_t index_nlink;	/* lock: indexed, visible names; -1 unknown */
+	int32_t index_nlink;	/* lock: indexed: names in view; -1 unknown */
 	/*
 	 * Descriptors are valid while the node is pinned (sfs_node_pin): an
 	 * idle node may be parked, its descriptors closed and reopened from
@@ -201,7 +210,7 @@ struct sfs_fs {
 	struct sfs_layer lower[SFS_MAX_LOWERS];
 	int workfd;		/* the workdir, flock'ed while mounted */
 	int tmpfd;		/* workdir/work: temp entries for atomic moves */
-	int indexfd;		/* workdir/strata-index: lower hardlinks */
+	int indexfd;		/* workdir/index: lower hard links (index.c) */
 	int nullfd;		/* O_PATH /dev/null: stands in for released files */
 	/* the layers' roots and the workdir: never entered through a lookup */
 	int ntraps;
@@ -212,9 +221,10 @@ struct sfs_fs {
 	char xattr_prefix[32];	/* "trusted.overlay." or "user.overlay." */
 	char xattr_opaque[48];
 	char xattr_redirect[48];
-	char xattr_origin[48];	/* ours: the inode number kept over copy-up */
+	char xattr_ino[48];	/* ours: the inode number kept over copy-up */
+	char xattr_origin[48];	/* the lower file's handle (index.c) */
 	char xattr_impure[48];
-	char xattr_nlink[48];	/* ours: visible names of an indexed file */
+	char xattr_nlink[48];	/* the union's link count of an indexed file */
 	bool rename_whiteout;	/* upper fs supports RENAME_WHITEOUT */
 	_Atomic uint64_t tmp_seq;
 
@@ -374,7 +384,7 @@ int sfs_node_set_name(struct sfs_node *n, struct sfs_node *parent,
 		      const char *name);
 void sfs_node_dir_changed(struct sfs_node *dir, int subdir_delta);
 uint64_t sfs_ino_compose(unsigned fsid, ino_t ino);
-int sfs_index_nlink_init(const char *tmp, nlink_t nlink);
+int sfs_index_nlink_get(struct sfs_node *n);
 int sfs_index_nlink_add(struct sfs_node *n, int delta);
 void sfs_op_forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup);
 void sfs_op_forget_multi(fuse_req_t req, size_t count,
@@ -424,6 +434,22 @@ int sfs_copy_up(struct sfs_node *n);
 int sfs_copy_up_meta(struct sfs_node *n);
 int sfs_copy_up_name(struct sfs_node *dir, const char *name,
 		     struct sfs_node *n);
+
+/* index.c */
+void sfs_layer_uuid(struct sfs_layer *l);
+int sfs_fh_encode(int fd, const struct sfs_layer *l, struct sfs_fh *fh);
+int sfs_fh_decode(const struct sfs_fh *fh, int *layer);
+int sfs_origin_fh_get(int dirfd, const char *name, struct sfs_fh *fh);
+int sfs_origin_fh_set(int dirfd, const char *name, const struct sfs_fh *fh);
+int sfs_index_open(const struct sfs_fh *fh, mode_t type, struct stat *st);
+int sfs_index_install(const char *tmp, const struct sfs_fh *fh);
+void sfs_index_remove(const struct sfs_fh *fh);
+int sfs_nlink_parse(const char *buf, size_t len, nlink_t upper, nlink_t lower);
+int sfs_nlink_format(char *buf, size_t size, nlink_t nlink, nlink_t upper);
+int sfs_index_convert(struct sfs_fs *fs);
+int sfs_upper_ino(int dirfd, const char *name, ino_t real, bool impure,
+		  uint64_t *ino, bool *indexed);
+int sfs_index_find(int fd, int layer, mode_t type);
 
 /* file.c */
 void sfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
@@ -476,8 +502,8 @@ int sfs_node_xattr_get(struct sfs_node *n, const char *name, void *buf,
 		       size_t size);
 int sfs_node_xattr_set(struct sfs_node *n, const char *name, const void *val,
 		       size_t size, int flags);
-int sfs_origin_get(int dirfd, const char *name, uint64_t *ino);
-int sfs_origin_set(int dirfd, const char *name, uint64_t ino);
+int sfs_ino_xattr_get(int dirfd, const char *name, uint64_t *ino);
+int sfs_ino_xattr_set(int dirfd, const char *name, uint64_t ino);
 void sfs_op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
 		     const char *value, size_t size, int flags);
 void sfs_op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name,

@@ -223,6 +223,7 @@ static int sfs_setup_work(struct sfs_fs *fs)
 	ret = strata_rmtree_at(fs->workfd, SFS_WORK_TMP);
 	if (ret < 0 && ret != -ENOENT)
 		goto out_err;
+	/* the kernel's index dir, shared with it (index.c) */
 	if (mkdirat(fs->workfd, SFS_WORK_TMP, 0700) < 0 ||
 	    (mkdirat(fs->workfd, SFS_WORK_INDEX, 0700) < 0 && errno != EEXIST)) {
 		ret = -errno;
@@ -305,10 +306,9 @@ static void sfs_setup_xattr_names(struct sfs_fs *fs)
 	snprintf(fs->xattr_redirect, sizeof(fs->xattr_redirect), "%sredirect",
 		 p);
 	snprintf(fs->xattr_impure, sizeof(fs->xattr_impure), "%simpure", p);
-	snprintf(fs->xattr_origin, sizeof(fs->xattr_origin), "%sstrata.ino",
-		 p);
-	snprintf(fs->xattr_nlink, sizeof(fs->xattr_nlink), "%sstrata.nlink",
-		 p);
+	snprintf(fs->xattr_ino, sizeof(fs->xattr_ino), "%sstrata.ino", p);
+	snprintf(fs->xattr_origin, sizeof(fs->xattr_origin), "%sorigin", p);
+	snprintf(fs->xattr_nlink, sizeof(fs->xattr_nlink), "%snlink", p);
 }
 
 /*
@@ -402,8 +402,19 @@ int sfs_setup(struct sfs_fs *fs)
 			goto out;
 		fs->upper.fsid = sfs_fsid(fs, fs->upper.dev, devs, &ndevs);
 	}
-	for (int i = 0; i < fs->nlower; i++)
+	for (int i = 0; i < fs->nlower; i++) {
 		fs->lower[i].fsid = sfs_fsid(fs, fs->lower[i].dev, devs, &ndevs);
+		sfs_layer_uuid(&fs->lower[i]);
+	}
+	if (fs->indexfd >= 0) {
+		ret = sfs_index_convert(fs);
+		if (ret < 0) {
+			fprintf(stderr, "stratafs: workdir '%s': converting %s: %s\n",
+				fs->params.workdir, SFS_WORK_OLD_INDEX,
+				strerror(-ret));
+			goto out;
+		}
+	}
 
 	sfs_add_trap(fs, fs->upper.fd);
 	sfs_add_trap(fs, fs->workfd);

@@ -197,29 +197,29 @@ static ssize_t sfs_xattr_list(const struct sfs_xpath *x, char **out)
 }
 
 /*
- * Our origin xattr: the inode number a copied-up entry had below, so
- * st_ino survives copy-up. Reached by parent and name, which covers
- * symlinks too.
+ * Our own xattr beside the kernel's origin: the inode number a copied-up
+ * entry had below, so st_ino survives copy-up without decoding the
+ * origin. Reached by parent and name, which covers symlinks too.
  */
-int sfs_origin_get(int dirfd, const char *name, uint64_t *ino)
+int sfs_ino_xattr_get(int dirfd, const char *name, uint64_t *ino)
 {
 	struct sfs_xpath x;
 	uint64_t val;
 
 	if (sfs_xpath_entry(&x, dirfd, name) < 0 ||
-	    sfs_xattr_get(&x, sfs->xattr_origin, &val, sizeof(val)) !=
+	    sfs_xattr_get(&x, sfs->xattr_ino, &val, sizeof(val)) !=
 		    sizeof(val))
 		return 0;
 	*ino = val;
 	return 1;
 }
 
-int sfs_origin_set(int dirfd, const char *name, uint64_t ino)
+int sfs_ino_xattr_set(int dirfd, const char *name, uint64_t ino)
 {
 	struct sfs_xpath x;
 	int ret = sfs_xpath_entry(&x, dirfd, name);
 
-	return ret < 0 ? ret : sfs_xattr_set(&x, sfs->xattr_origin, &ino,
+	return ret < 0 ? ret : sfs_xattr_set(&x, sfs->xattr_ino, &ino,
 					     sizeof(ino), 0);
 }
 
