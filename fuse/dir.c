@@ -148,7 +148,9 @@ static int sfs_create_entry(fuse_req_t req, fuse_ino_t parent,
 
 	if (ret < 0)
 		return ret;
-	sfs_req_owner(req, dir, &ne.mode, &ne.uid, &ne.gid);
+	ne.uid = fuse_req_ctx(req)->uid;
+	ne.gid = fuse_req_ctx(req)->gid;
+	sfs_new_owner(dir, &ne.mode, &ne.uid, &ne.gid);
 	ret = sfs_create(dir, name, &ne, out);
 	sfs_node_release(dir);
 	return ret;
@@ -238,7 +240,11 @@ static int sfs_link(struct sfs_node *n, struct sfs_node *dir,
 	char path[64], tmp[64];
 	int dirfd, ret;
 
-	ret = n->unlinked ? -ENOENT : sfs_check_absent(dir, newname);
+	sfs_lock(&n->lock);
+	ret = n->unlinked && !n->linkable ? -ENOENT : 0;
+	sfs_unlock(&n->lock);
+	if (ret == 0)
+		ret = sfs_check_absent(dir, newname);
 	if (ret == 0)
 		ret = sfs_copy_up(n);
 	if (ret == 0)
@@ -268,6 +274,13 @@ static int sfs_link(struct sfs_node *n, struct sfs_node *dir,
 	}
 	if (ret == 0)
 		sfs_node_dir_changed(dir, 0);
+	if (ret == 0 && n->linkable) {
+		/* an O_TMPFILE file gets its first name */
+		sfs_lock(&n->lock);
+		n->linkable = false;
+		ret = sfs_node_set_name(n, dir, newname);
+		sfs_unlock(&n->lock);
+	}
 	if (ret == 0 && n->indexed)
 		ret = sfs_index_nlink_add(n, 1) < 0 ? -EIO : 0;
 	return ret;

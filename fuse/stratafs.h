@@ -170,6 +170,7 @@ struct sfs_node {
 	atomic_bool parked;
 	atomic_bool used;	/* eviction's clock bit */
 	bool no_park;		/* evictor only: a layer without file handles */
+	bool linkable;		/* lock: an O_TMPFILE file, not named yet */
 	atomic_bool nosec;	/* no setuid/setgid/capability to drop on write */
 	atomic_bool stale;	/* unlinked and its data released */
 	atomic_bool has_origin;	/* upper copy records the lower's inode number */
@@ -533,6 +534,11 @@ void sfs_pass_release(struct sfs_file *f);
 bool sfs_pass_keep_cache(struct sfs_node *n);
 int sfs_pass_reply(fuse_req_t req, const struct fuse_entry_param *e,
 		   uint64_t fh, int backing);
+struct fuse_entry_out;
+void sfs_entry_out(struct fuse_entry_out *o, const struct fuse_entry_param *e);
+
+/* tmpfile.c */
+int sfs_tmpfile_setup(struct fuse_session *se);
 
 /* handshake.c */
 int sfs_handshake(struct fuse_session *se);
@@ -574,7 +580,6 @@ int sfs_rename(int olddir, const char *old, int newdir, const char *new,
 int sfs_unlinkat(int dirfd, const char *name, int flags);
 int sfs_errno(int ret);
 void sfs_reply_err(fuse_req_t req, int ret);
-void sfs_req_owner(fuse_req_t req, struct sfs_node *dir, mode_t *mode,
-		   uid_t *uid, gid_t *gid);
+void sfs_new_owner(struct sfs_node *dir, mode_t *mode, uid_t *uid, gid_t *gid);
 
 #endif

@@ -149,6 +149,8 @@ int main(int argc, char *argv[])
 		goto out_session;
 	if (fuse_session_mount(se, fs.params.mountpoint) != 0)
 		goto out_signals;
+	if (sfs_tmpfile_setup(se) != 0)
+		goto out_unmount;
 	if (fuse_daemonize(fs.params.foreground) != 0)
 		goto out_unmount;
 	if (!fs.params.foreground)
