@@ -455,16 +455,34 @@ def lower_has(lowers, lp, *, userxattr=False):
     return True
 
 
-def semantic_upper(upper, lowers, *, userxattr=False):
+def semantic_upper(upper, lowers, *, userxattr=False, work=None):
     """An upper layer reduced to what matters for the merged view:
     whiteouts that hide something in the lower layers, opaque flags of
     directories that have something below them to hide, and every other
     non-directory entry (files with content hash).  Plain directories,
     redirects and irrelevant markers (kernel overlayfs marks every new
     directory in a merged parent opaque, for example) are left out.
+    With `work`, the index (work/index) is part of it, as "index/NAME"
+    entries, and an upper name linked to an index entry is not: the lower
+    name finds the index entry either way (the kernel links the name it
+    copied up through, stratafs does not).
     Returns {relpath: tuple}."""
     snap, lowerpath = _snapshot_upper(upper, userxattr=userxattr)
     out = {}
+    indexed = set()
+    idir = os.path.join(work, "index") if work else None
+    if idir and os.path.isdir(idir):
+        for name in os.listdir(idir):
+            st = os.lstat(os.path.join(idir, name))
+            if stat.S_ISREG(st.st_mode) and not name.startswith("#"):
+                indexed.add((st.st_dev, st.st_ino))
+                with open(os.path.join(idir, name), "rb") as f:
+                    out["index/" + name] = ("file", sha256(f.read()))
+    for rel in list(snap):
+        if snap[rel][0] == "file" and indexed:
+            st = os.lstat(os.path.join(upper, rel))
+            if (st.st_dev, st.st_ino) in indexed:
+                del snap[rel]
     # a path below an opaque upper dir, or below an upper dir with nothing
     # in the lower layers, never reaches the lower layers
     reaches_lower = {".": True}
