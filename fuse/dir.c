@@ -68,7 +68,8 @@ static int sfs_upper_state(int dirfd, const char *name, struct stat *st)
 {
 	if (fstatat(dirfd, name, st, AT_SYMLINK_NOFOLLOW) < 0)
 		return errno == ENOENT ? 0 : -errno;
-	return sfs_is_whiteout(st) ? 1 : 2;
+	return sfs_is_whiteout(st) || sfs_is_xwhiteout(dirfd, name, st) > 0 ?
+		       1 : 2;
 }
 
 static int sfs_check_absent(struct sfs_node *dir, const char *name)

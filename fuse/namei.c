@@ -113,7 +113,7 @@ static int sfs_lookup_single(int base, struct sfs_lookup *d, const char *name,
 			d->stop = d->opaque = true;
 		return 0;
 	}
-	if (sfs_is_whiteout(st)) {
+	if (sfs_is_whiteout(st) || sfs_is_xwhiteout(base, name, st) > 0) {
 		d->stop = d->opaque = true;
 		return 0;
 	}
@@ -404,7 +404,7 @@ int sfs_lookup_held(struct sfs_node *dir, const char *name, struct stat *st,
 		*state = 0;
 		return 0;
 	}
-	if (sfs_is_whiteout(st))
+	if (sfs_is_whiteout(st) || sfs_is_xwhiteout(upper, name, st) > 0)
 		return -ENOENT;
 	*state = 2;
 	sfs_lock(&dir->lock);

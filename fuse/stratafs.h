@@ -226,6 +226,7 @@ struct sfs_fs {
 	char xattr_origin[48];	/* the lower file's handle (index.c) */
 	char xattr_impure[48];
 	char xattr_nlink[48];	/* the union's link count of an indexed file */
+	char xattr_whiteout[48];	/* marks an empty file a whiteout */
 	bool rename_whiteout;	/* upper fs supports RENAME_WHITEOUT */
 	_Atomic uint64_t tmp_seq;
 
@@ -517,6 +518,7 @@ bool sfs_is_whiteout(const struct stat *st);
 bool sfs_is_wh_name(const char *name);
 int sfs_wh_name(const char *name, char *buf, size_t size);
 int sfs_dir_is_opaque(int dirfd, bool lower);
+int sfs_is_xwhiteout(int dirfd, const char *name, const struct stat *st);
 int sfs_set_opaque(int dirfd);
 int sfs_dir_is_impure(int dirfd);
 int sfs_mark_impure(struct sfs_node *dir);

@@ -309,6 +309,8 @@ static void sfs_setup_xattr_names(struct sfs_fs *fs)
 	snprintf(fs->xattr_ino, sizeof(fs->xattr_ino), "%sstrata.ino", p);
 	snprintf(fs->xattr_origin, sizeof(fs->xattr_origin), "%sorigin", p);
 	snprintf(fs->xattr_nlink, sizeof(fs->xattr_nlink), "%snlink", p);
+	snprintf(fs->xattr_whiteout, sizeof(fs->xattr_whiteout), "%swhiteout",
+		 p);
 }
 
 /*

@@ -8,6 +8,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,6 +57,23 @@ int sfs_dir_is_opaque(int dirfd, bool lower)
 	if (lower && fstatat(dirfd, WH_OPAQUE, &st, AT_SYMLINK_NOFOLLOW) == 0)
 		return 1;
 	return 0;
+}
+
+/*
+ * The kernel's other whiteout (Linux 6.7+, for layers that cannot hold
+ * device nodes): an empty regular file with the "whiteout" xattr. A
+ * lookup honours it in any layer, as the kernel's does; a listing hides
+ * it only in a lower directory marked opaque "x" (readdir.c), where the
+ * kernel's does. DIRFD/NAME is the entry, ST its stat: 1 when it is one.
+ */
+int sfs_is_xwhiteout(int dirfd, const char *name, const struct stat *st)
+{
+	char path[64 + NAME_MAX];
+
+	if (!S_ISREG(st->st_mode) || st->st_size != 0)
+		return 0;
+	snprintf(path, sizeof(path), "/proc/self/fd/%d/%s", dirfd, name);
+	return lgetxattr(path, sfs->xattr_whiteout, NULL, 0) >= 0;
 }
 
 int sfs_set_opaque(int dirfd)

@@ -197,3 +197,36 @@ def test_redirect_to_an_ancestor_is_not_a_loop(union):
     u.mount()
     assert sorted(os.listdir(u.path("a", "b"))) == ["b", "f"]
     assert os.listdir(u.path("a", "b", "b")) == ["g"]
+
+
+def test_xattr_whiteouts_in_a_lower(union):
+    """The kernel's whiteouts for layers without device nodes: an empty
+    file with the whiteout xattr, in a directory marked opaque "x"."""
+    u = union.make(lowers=[{"d/gone": "", "d/new": "n"},
+                           {"d/gone": "g", "d/keep": "k"}], mount=False)
+    os.setxattr(u.lpath(0, "d"), "trusted.overlay.opaque", b"x")
+    os.setxattr(u.lpath(0, "d", "gone"), "trusted.overlay.whiteout", b"")
+    u.mount()
+    assert sorted(os.listdir(u.path("d"))) == ["keep", "new"]
+    assert errno_of(os.stat, u.path("d", "gone")) == errno.ENOENT
+    with open(u.path("d", "gone"), "w") as f:      # over it, as a new file
+        f.write("again")
+    assert sorted(os.listdir(u.path("d"))) == ["gone", "keep", "new"]
+    u.remount()
+    assert read_bytes(u.path("d", "gone")) == b"again"
+
+
+def test_xattr_whiteout_outside_an_x_directory(union):
+    """Elsewhere, as the kernel has it: a lookup takes it for a whiteout,
+    in the upper layer too, but a listing shows the name."""
+    u = union.make(lowers=[{"d/f": ""}, {"d/f": "lower"}],
+                   upper={"d/g": ""}, mount=False)
+    os.setxattr(u.lpath(0, "d", "f"), "trusted.overlay.whiteout", b"")
+    os.setxattr(u.upath("d", "g"), "trusted.overlay.whiteout", b"")
+    u.mount()
+    assert sorted(os.listdir(u.path("d"))) == ["f", "g"]
+    assert errno_of(os.stat, u.path("d", "f")) == errno.ENOENT
+    assert errno_of(os.stat, u.path("d", "g")) == errno.ENOENT
+    with open(u.path("d", "g"), "w") as f:          # over it, as a new file
+        f.write("new")
+    assert read_bytes(u.path("d", "g")) == b"new"
