@@ -285,6 +285,7 @@ struct sfs_xattr_arg {
 	size_t size;
 	int flags;
 	char *list;
+	bool hide_trusted;	/* list: the caller is not root */
 };
 
 static int sfs_xattr_get_op(const struct sfs_xpath *x, void *arg)
@@ -323,7 +324,9 @@ static int sfs_xattr_list_op(const struct sfs_xpath *x, void *arg)
 		size_t plen = strlen(sfs->xattr_prefix);
 		size_t esc = strlen(SFS_XATTR_ESCAPE);
 
-		if (sfs_xattr_is_escaped(name)) {
+		if (a->hide_trusted && !strncmp(name, "trusted.", 8)) {
+			/* as the kernel's overlayfs: for CAP_SYS_ADMIN only */
+		} else if (sfs_xattr_is_escaped(name)) {
 			/* the user's own name, as it was set */
 			memmove(w, name, plen);
 			memmove(w + plen, name + plen + esc, l - plen - esc);
@@ -420,6 +423,11 @@ void sfs_op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
 	int len = sfs_node_get_pinned(ino, &n);
 
 	sfs_count(STRATA_ST_LISTXATTR, 1);
+	/*
+	 * The daemon lists as root; the upper filesystem would have hidden
+	 * trusted.* from anyone without CAP_SYS_ADMIN. Root stands for it.
+	 */
+	a.hide_trusted = fuse_req_ctx(req)->uid != 0;
 	if (len == 0) {
 		len = sfs_node_xattr(n, sfs_xattr_list_op, &a);
 		sfs_node_release(n);

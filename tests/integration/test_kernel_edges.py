@@ -156,6 +156,31 @@ def test_real_overlay_markers_stay_hidden(union):
                     "trusted.overlay.opaque") == errno.ENODATA
 
 
+def test_trusted_xattrs_listed_to_root_only(union):
+    u = union.make(lowers=[{"f": ("file", "x", {"mode": 0o644,
+                                                "xattrs": {"trusted.t": "1",
+                                                           "user.u": "2"}})}])
+    os.chmod(u.base, 0o755)
+    assert {"trusted.t", "user.u"} <= set(os.listxattr(u.path("f")))
+    r, w = os.pipe()
+
+    def listing(dfd):
+        fd = os.open("mnt/f", os.O_RDONLY, dir_fd=dfd)
+        try:
+            os.write(w, "\n".join(sorted(os.listxattr(fd))).encode())
+        finally:
+            os.close(fd)
+    try:
+        assert as_user(OTHER_UID, u.base, listing) == 0
+        os.close(w)
+        w = None
+        assert os.read(r, 4096).decode().split("\n") == ["user.u"]
+    finally:
+        os.close(r)
+        if w is not None:
+            os.close(w)
+
+
 # ---------------------------------------------------------------- flags
 
 def _getflags(path):
