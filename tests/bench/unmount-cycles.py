@@ -17,14 +17,10 @@ import tempfile
 
 REPO = os.path.realpath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(REPO, "tests", "lib"))
+sys.path.insert(0, os.path.join(REPO, "tests", "bench", "lib"))
 
 from layer_cycles import run_cycle  # noqa: E402
-
-
-def pct(xs, p):
-    xs = sorted(xs)
-    k = max(0, min(len(xs) - 1, round(p / 100 * len(xs) + 0.5) - 1))
-    return xs[k]
+from percentile import pct  # noqa: E402
 
 
 def main():

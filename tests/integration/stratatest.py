@@ -63,6 +63,28 @@ def renameat2(src, dst, flags=0, src_dir_fd=AT_FDCWD, dst_dir_fd=AT_FDCWD):
         raise OSError(e, os.strerror(e), src, None, dst)
 
 
+def run_as(uid, gid, dirpath, action):
+    """Runs action(dir_fd) in a child with uid/gid and no groups; returns
+    the errno it raised (0 on success, 255 on anything else).  The dir fd
+    is opened before dropping privileges: pytest's tmp dirs are 0700."""
+    dfd = os.open(dirpath, os.O_RDONLY | os.O_DIRECTORY)
+    pid = os.fork()
+    if pid == 0:  # child
+        code = 0
+        try:
+            os.setgroups([])
+            os.setgid(gid)
+            os.setuid(uid)
+            action(dfd)
+        except OSError as e:
+            code = e.errno
+        except BaseException:
+            code = 255
+        os._exit(code)
+    os.close(dfd)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
 def stratafs_binary():
     """Absolute path of the stratafs binary; fails the test if unusable."""
     return program(STRATAFS_ENV, ".  To run only the kernel overlayfs "

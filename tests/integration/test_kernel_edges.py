@@ -10,45 +10,13 @@ import time
 
 import pytest
 
-from stratatest import errno_of, read_bytes, snapshot_upper
+from stratatest import errno_of, read_bytes, run_as, snapshot_upper
 
 FS_IOC_GETFLAGS = 0x80086601
 FS_IOC_SETFLAGS = 0x40086602
 FS_NOATIME_FL = 0x80
 FS_NODUMP_FL = 0x40
 OTHER_UID = 1000
-
-
-def as_user(uid, dirpath, fn):
-    """Runs fn(dir_fd) in a child with uid/gid `uid` and no groups; the
-    errno it raised, or 0. The dir is opened first: pytest's tmp dirs
-    are 0700."""
-    dfd = os.open(dirpath, os.O_RDONLY | os.O_DIRECTORY)
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child
-        code = 0
-        try:
-            os.close(r)
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
-            fn(dfd)
-        except OSError as e:
-            code = e.errno
-        except BaseException:
-            code = 255
-        try:
-            os.write(w, str(code).encode())
-        finally:
-            os._exit(0)
-    os.close(w)
-    os.close(dfd)
-    try:
-        return int(os.read(r, 16) or b"255")
-    finally:
-        os.close(r)
-        os.waitpid(pid, 0)
 
 
 # ---------------------------------------------------------------- mknod
@@ -171,7 +139,7 @@ def test_trusted_xattrs_listed_to_root_only(union):
         finally:
             os.close(fd)
     try:
-        assert as_user(OTHER_UID, u.base, listing) == 0
+        assert run_as(OTHER_UID, OTHER_UID, u.base, listing) == 0
         os.close(w)
         w = None
         assert os.read(r, 4096).decode().split("\n") == ["user.u"]
@@ -259,9 +227,9 @@ def test_other_users_get_in_by_mode_bits(union):
         fd = os.open("mnt/d/new", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=dfd)
         os.close(fd)
 
-    assert as_user(OTHER_UID, u.base, read("pub")) == 0
-    assert as_user(OTHER_UID, u.base, read("priv")) == errno.EACCES
-    assert as_user(OTHER_UID, u.base, create) == 0
+    assert run_as(OTHER_UID, OTHER_UID, u.base, read("pub")) == 0
+    assert run_as(OTHER_UID, OTHER_UID, u.base, read("priv")) == errno.EACCES
+    assert run_as(OTHER_UID, OTHER_UID, u.base, create) == 0
     assert os.stat(u.path("d", "new")).st_uid == OTHER_UID
 
 
@@ -272,5 +240,5 @@ def test_noallow_other_keeps_other_users_out(stratafs_only):
 
     def read(dfd):
         os.close(os.open("mnt/pub", os.O_RDONLY, dir_fd=dfd))
-    assert as_user(OTHER_UID, u.base, read) == errno.EACCES
+    assert run_as(OTHER_UID, OTHER_UID, u.base, read) == errno.EACCES
     assert read_bytes(u.path("pub")) == b"public"
