@@ -12,7 +12,8 @@ import shutil
 
 import pytest
 
-from stratatest import assert_same, errno_of, read_bytes, snapshot_tree
+from stratatest import (assert_same, build_tree, errno_of, read_bytes,
+                        snapshot_tree)
 
 
 def tree(m):
@@ -86,7 +87,6 @@ def test_renamed_dirs_in_a_frozen_upper(make_union):
 
     k0 = make_union("kernel")
     base = k0.new_dir("base")
-    from stratatest import build_tree
     build_tree(base, BASE)
     u1 = freeze(make_union, [base], gen1, "gen1")
     layers = [k0.new_dir("extra"), u1, base]
@@ -128,7 +128,6 @@ def test_rename_chains_across_generations(make_union):
 
     k0 = make_union("kernel")
     base = k0.new_dir("base")
-    from stratatest import build_tree
     build_tree(base, BASE)
     u1 = freeze(make_union, [base], gen1, "gen1")
     u2 = freeze(make_union, [u1, base], gen2, "gen2")
@@ -150,7 +149,6 @@ def test_hand_made_redirects_in_a_lower(make_union):
     """Redirects as another tool may leave them: relative and absolute,
     through a redirected parent, and stopping at an opaque directory."""
     k0 = make_union("kernel")
-    from stratatest import build_tree
     top, mid, bottom = (k0.new_dir("top"), k0.new_dir("mid"),
                         k0.new_dir("bottom"))
     build_tree(bottom, {"a/b/f": "f", "a/c": "c", "o/y/z": "z", "w/v": "v"})
@@ -230,3 +228,17 @@ def test_xattr_whiteout_outside_an_x_directory(union):
     with open(u.path("d", "g"), "w") as f:          # over it, as a new file
         f.write("new")
     assert read_bytes(u.path("d", "g")) == b"new"
+
+
+def test_a_layer_seen_inside_another_is_refused(stratafs_only, tmp_path):
+    """Lower layers may share a tree, but a layer's root reached by a
+    lookup (here: the top layer, through the name it has in the one
+    below; a redirect can lead there too) is ELOOP, as for the kernel's
+    traps: the view never holds a layer inside itself."""
+    base = str(tmp_path / "shared")
+    build_tree(base, {"top/t": "t", "b": "b"})
+    u = stratafs_only.make(lowers=[{}, {}],
+                           layer_dirs=[os.path.join(base, "top"), base])
+    assert sorted(os.listdir(u.mnt)) == ["b", "t", "top"]
+    assert errno_of(os.listdir, u.path("top")) == errno.ELOOP
+    assert read_bytes(u.path("t")) == b"t"
