@@ -657,8 +657,16 @@ class Union:
         assert not self.mounted
         os.makedirs(self.mnt, exist_ok=True)
         if self.kind == "kernel":
-            r = run(["mount", "-t", "overlay", "overlay", "-o", self.options(),
-                     self.mnt], check=False)
+            # index=on refuses an upper whose last overlay is not gone yet:
+            # its superblock can outlive umount(2) for a moment when
+            # another task (a walk of the tree, on this busy machine) held
+            # the mount last
+            for attempt in range(50):
+                r = run(["mount", "-t", "overlay", "overlay", "-o",
+                         self.options(), self.mnt], check=False)
+                if r.returncode == 0 or "index=on" not in self.options():
+                    break
+                time.sleep(0.1)
             if r.returncode != 0:
                 dm = run(["dmesg"], check=False).stdout.splitlines()[-5:]
                 pytest.fail(f"kernel overlay mount failed: {r.stderr}\n"
