@@ -129,9 +129,13 @@ static int sfs_copy_up_xattrs(struct sfs_node *n, const char *tmp,
 	return ret < 0 ? ret : sfs_xattr_copy(&from, &to);
 }
 
-/* Owner, xattrs, our origin, mode and times, on the finished work/tmp. */
+/*
+ * Owner, xattrs, origins (the kernel's, where the lower filesystem gives
+ * handles, and our inode number), mode and times, on the finished
+ * work/tmp.
+ */
 static int sfs_copy_up_attrs(struct sfs_node *n, const char *tmp,
-			     const struct stat *st)
+			     const struct stat *st, const struct sfs_fh *fh)
 {
 	struct timespec tv[2] = { st->st_atim, st->st_mtim };
 	int ret;
@@ -143,7 +147,9 @@ static int sfs_copy_up_attrs(struct sfs_node *n, const char *tmp,
 	if (ret < 0)
 		return ret;
 	/* Symlinks and devices refuse user.* xattrs: no origin for them then. */
-	ret = sfs_origin_set(sfs->tmpfd, tmp, n->ino);
+	ret = sfs_ino_xattr_set(sfs->tmpfd, tmp, n->ino);
+	if (ret == 0 && fh->len)
+		ret = sfs_origin_fh_set(sfs->tmpfd, tmp, fh);
 	if (ret < 0 && (S_ISREG(st->st_mode) || S_ISDIR(st->st_mode)))
 		return ret;
 	if (!S_ISLNK(st->st_mode) &&
@@ -155,32 +161,44 @@ static int sfs_copy_up_attrs(struct sfs_node *n, const char *tmp,
 }
 
 /*
- * A lower file with several names is copied once, into the index, and
- * every name that is copied up links to it: a write through one name is
- * seen through all, across remounts too.
+ * A lower file with several names is copied once, into the index (see
+ * index.c), and no name of it yet: each finds the copy by its origin,
+ * and a write through one is seen through all, across remounts too.
+ * Every lower name is in view until one is removed: that is the count.
  */
 static int sfs_copy_up_index(struct sfs_node *n, const char *tmp,
-			     int dirfd, const char *name, nlink_t nlink)
+			     const struct stat *st, const struct sfs_fh *fh)
 {
-	char key[32];
-	int ret;
+	struct sfs_xpath x;
+	struct stat ist;
+	char val[16];
+	int len, ret, fd;
 
-	snprintf(key, sizeof(key), "%016llx", (unsigned long long)n->ino);
-	/* Every lower name is visible until one is removed through us. */
-	ret = sfs_index_nlink_init(tmp, nlink);
+	len = sfs_nlink_format(val, sizeof(val), st->st_nlink, 1);
+	ret = sfs_xpath_entry(&x, sfs->tmpfd, tmp);
+	if (ret == 0)
+		ret = sfs_xattr_set(&x, sfs->xattr_nlink, val, len, 0);
+	if (ret == 0)
+		ret = sfs_index_install(tmp, fh);
 	if (ret < 0)
 		return ret;
-	ret = sfs_rename(sfs->tmpfd, tmp, sfs->indexfd, key, RENAME_NOREPLACE);
-	if (ret < 0)
-		return ret;
-	if (linkat(sfs->indexfd, key, dirfd, name, 0) < 0)
-		return -errno;
+	fd = sfs_index_open(fh, st->st_mode, &ist);
+	if (fd < 0)
+		return fd;
+	n->indexed = true;
+	n->index_nlink = st->st_nlink;
+	n->has_origin = true;
+	sfs_node_set_upper(n, fd);
 	return 0;
 }
 
+/*
+ * The copy goes to DIRFD under the node's name, or into the index
+ * (DIRFD -1) for a lower file with several names.
+ */
 static int sfs_copy_up_locked(struct sfs_node *n, int dirfd, bool data)
 {
-	bool index = false;
+	struct sfs_fh fh = { 0 };
 	struct stat st, pst;
 	char tmp[64];
 	int ret;
@@ -191,23 +209,32 @@ static int sfs_copy_up_locked(struct sfs_node *n, int dirfd, bool data)
 	ret = sfs_tmp_name(tmp, sizeof(tmp));
 	if (ret < 0)
 		return ret;
-	/* any non-directory with several names goes through the index */
-	index = !S_ISDIR(st.st_mode) && st.st_nlink > 1 && sfs->indexfd >= 0;
+	/* a lower filesystem without handles gets no origin, as in the kernel */
+	if (sfs_fh_encode(n->lower[0].fd, &sfs->lower[n->lower[0].layer - 1],
+			  &fh) < 0)
+		fh.len = 0;
+	if (dirfd < 0 && !fh.len)
+		return -EIO;	/* sfs_copy_up_mode checked it can */
 	if (S_ISREG(st.st_mode))
 		ret = sfs_copy_up_reg(n, tmp, &st, data);
 	else
 		ret = sfs_copy_up_other(n, tmp, &st);
 	if (ret == 0)
-		ret = sfs_copy_up_attrs(n, tmp, &st);
-	if (ret == 0)
-		ret = sfs_mark_impure(n->parent);
-	if (ret == 0)
-		ret = sfs_fstat(dirfd, &pst);
+		ret = sfs_copy_up_attrs(n, tmp, &st, &fh);
 	if (ret < 0)
 		goto out_clean;
-	if (index)
-		ret = sfs_copy_up_index(n, tmp, dirfd, n->name, st.st_nlink);
-	else
+	if (dirfd < 0) {
+		ret = sfs_copy_up_index(n, tmp, &st, &fh);
+		if (ret < 0)
+			goto out_clean;
+		strata_debug("copied up ino %llx into the index",
+			     (unsigned long long)n->ino);
+		return 0;
+	}
+	ret = sfs_mark_impure(n->parent);
+	if (ret == 0)
+		ret = sfs_fstat(dirfd, &pst);
+	if (ret == 0)
 		ret = sfs_rename(sfs->tmpfd, tmp, dirfd, n->name,
 				 RENAME_NOREPLACE);
 	if (ret < 0)
@@ -218,7 +245,6 @@ static int sfs_copy_up_locked(struct sfs_node *n, int dirfd, bool data)
 	ret = sfs_open_entry(dirfd, n->name, st.st_mode);
 	if (ret < 0)
 		return ret;
-	n->indexed = index;
 	n->has_origin = true;
 	sfs_node_set_upper(n, ret);
 	strata_debug("copied up %s (ino %llx)", n->name,
@@ -230,9 +256,25 @@ out_clean:
 	return ret;
 }
 
+/*
+ * Whether the node's copy goes to the index: a non-directory with
+ * several lower names, on a lower filesystem that gives handles.
+ */
+static bool sfs_copy_up_indexed(struct sfs_node *n)
+{
+	struct sfs_fh fh;
+	struct stat st;
+
+	return !S_ISDIR(n->type) && sfs->indexfd >= 0 && n->nlower &&
+	       sfs_fstat(n->lower[0].fd, &st) == 0 && st.st_nlink > 1 &&
+	       sfs_fh_encode(n->lower[0].fd,
+			     &sfs->lower[n->lower[0].layer - 1], &fh) == 0;
+}
+
 static int sfs_copy_up_mode(struct sfs_node *n, bool data)
 {
 	struct sfs_node *parent;
+	bool index;
 	int ret;
 
 	if (!sfs_has_upper())
@@ -245,7 +287,8 @@ static int sfs_copy_up_mode(struct sfs_node *n, bool data)
 			return ret < 0 ? ret : -EIO;
 
 		/* Parents first, without holding the child's lock. */
-		ret = sfs_copy_up_mode(parent, true);
+		index = sfs_copy_up_indexed(n);
+		ret = index ? 0 : sfs_copy_up_mode(parent, true);
 		if (ret < 0) {
 			sfs_node_release(parent);
 			return ret;
@@ -259,7 +302,9 @@ static int sfs_copy_up_mode(struct sfs_node *n, bool data)
 		}
 		ret = 0;
 		if (!atomic_load(&n->has_upper))
-			ret = sfs_copy_up_locked(n, sfs_upper(parent), data);
+			ret = sfs_copy_up_locked(n, index ? -1 :
+							    sfs_upper(parent),
+						 data);
 		sfs_unlock(&n->lock);
 		sfs_node_release(parent);
 		return ret;
@@ -300,5 +345,8 @@ int sfs_copy_up_name(struct sfs_node *dir, const char *name,
 	sfs_proc_path(sfs_upper(n), path, sizeof(path));
 	if (linkat(AT_FDCWD, path, dirfd, name, AT_SYMLINK_FOLLOW) < 0)
 		return -errno;
+	/* one more real link, no more names in view: the count moves */
+	if (n->indexed)
+		return sfs_index_nlink_add(n, 0) < 0 ? -EIO : 0;
 	return 0;
 }

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include "stratafs.h"
@@ -67,7 +68,8 @@ static int sfs_upper_state(int dirfd, const char *name, struct stat *st)
 {
 	if (fstatat(dirfd, name, st, AT_SYMLINK_NOFOLLOW) < 0)
 		return errno == ENOENT ? 0 : -errno;
-	return sfs_is_whiteout(st) ? 1 : 2;
+	return sfs_is_whiteout(st) || sfs_is_xwhiteout(dirfd, name, st) > 0 ?
+		       1 : 2;
 }
 
 static int sfs_check_absent(struct sfs_node *dir, const char *name)
@@ -147,7 +149,9 @@ static int sfs_create_entry(fuse_req_t req, fuse_ino_t parent,
 
 	if (ret < 0)
 		return ret;
-	sfs_req_owner(req, dir, &ne.mode, &ne.uid, &ne.gid);
+	ne.uid = fuse_req_ctx(req)->uid;
+	ne.gid = fuse_req_ctx(req)->gid;
+	sfs_new_owner(dir, &ne.mode, &ne.uid, &ne.gid);
 	ret = sfs_create(dir, name, &ne, out);
 	sfs_node_release(dir);
 	return ret;
@@ -167,10 +171,12 @@ void sfs_op_mknod(fuse_req_t req, fuse_ino_t parent, const char *name,
 		  mode_t mode, dev_t rdev)
 {
 	struct sfs_node *n = NULL;
-	int ret = sfs_create_entry(req, parent, name, mode, rdev,
-				   NULL, &n);
+	int ret = -EPERM;
 
 	sfs_count(STRATA_ST_MKNOD, 1);
+	/* a whiteout is the overlay's marker, never the user's file */
+	if (!S_ISCHR(mode) || rdev != makedev(0, 0))
+		ret = sfs_create_entry(req, parent, name, mode, rdev, NULL, &n);
 	sfs_reply_new(req, ret, n);
 }
 
@@ -235,7 +241,11 @@ static int sfs_link(struct sfs_node *n, struct sfs_node *dir,
 	char path[64], tmp[64];
 	int dirfd, ret;
 
-	ret = n->unlinked ? -ENOENT : sfs_check_absent(dir, newname);
+	sfs_lock(&n->lock);
+	ret = n->unlinked && !n->linkable ? -ENOENT : 0;
+	sfs_unlock(&n->lock);
+	if (ret == 0)
+		ret = sfs_check_absent(dir, newname);
 	if (ret == 0)
 		ret = sfs_copy_up(n);
 	if (ret == 0)
@@ -265,6 +275,13 @@ static int sfs_link(struct sfs_node *n, struct sfs_node *dir,
 	}
 	if (ret == 0)
 		sfs_node_dir_changed(dir, 0);
+	if (ret == 0 && n->linkable) {
+		/* an O_TMPFILE file gets its first name */
+		sfs_lock(&n->lock);
+		n->linkable = false;
+		ret = sfs_node_set_name(n, dir, newname);
+		sfs_unlock(&n->lock);
+	}
 	if (ret == 0 && n->indexed)
 		ret = sfs_index_nlink_add(n, 1) < 0 ? -EIO : 0;
 	return ret;
@@ -497,8 +514,12 @@ out:
 	return ret;
 }
 
-/* A moved directory with lower content remembers where that content is. */
-static int sfs_rename_redirect(struct sfs_node *n)
+/*
+ * A moved directory with lower content remembers where that content is:
+ * by its old name when it stays in its directory, by an absolute path
+ * when it leaves, as the kernel's overlayfs writes them.
+ */
+static int sfs_rename_redirect(struct sfs_node *n, bool samedir)
 {
 	char path[PATH_MAX];
 	char *dup;
@@ -507,11 +528,15 @@ static int sfs_rename_redirect(struct sfs_node *n)
 	if (!S_ISDIR(n->type) || n->nlower == 0)
 		return 0;
 	sfs_lock(&n->lock);
-	ret = (n->di->redirect && n->di->redirect[0] == '/') ? 1 : 0;
+	ret = n->di->redirect &&
+	      (samedir || n->di->redirect[0] == '/') ? 1 : 0;
+	if (!ret && samedir)
+		snprintf(path, sizeof(path), "%s", n->name);
 	sfs_unlock(&n->lock);
 	if (ret)
 		return 0;
-	ret = sfs_lower_path(n, path, sizeof(path));
+	if (!samedir)
+		ret = sfs_lower_path(n, path, sizeof(path));
 	if (ret < 0)
 		return ret;
 	dup = strdup(path);
@@ -682,9 +707,9 @@ static int sfs_rename_entry(struct sfs_node *pdir, const char *name,
 	if (ret == 0)
 		ret = sfs_copy_up(ndir);
 	if (ret == 0 && (pdir != ndir || strcmp(name, newname)))
-		ret = sfs_rename_redirect(src);
+		ret = sfs_rename_redirect(src, pdir == ndir);
 	if (ret == 0 && (flags & RENAME_EXCHANGE))
-		ret = sfs_rename_redirect(dst);
+		ret = sfs_rename_redirect(dst, pdir == ndir);
 	if (ret == 0 && src->has_origin)
 		ret = sfs_mark_impure(ndir);
 	if (ret == 0 && dst && dst->has_origin && (flags & RENAME_EXCHANGE))

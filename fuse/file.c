@@ -8,7 +8,9 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/fs.h>
 #include <stdlib.h>
+#include <sys/ioctl.h>
 #include <sys/xattr.h>
 #include <unistd.h>
 
@@ -211,7 +213,8 @@ static int sfs_file_readfd(struct sfs_file *f)
 		return f->fd;
 	pthread_mutex_lock(&f->lock);
 	if (!f->upper && sfs_node_pin(f->node) == 0) {
-		fd = sfs_reopen(sfs_upper(f->node), O_RDONLY);
+		fd = sfs_reopen(sfs_upper(f->node),
+				O_RDONLY | (f->flags & O_DIRECT));
 		sfs_node_unpin(f->node);
 		if (fd >= 0) {
 			/*
@@ -233,7 +236,9 @@ void sfs_op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 {
 	sfs_count(STRATA_ST_READ, 1);
 	sfs_count(STRATA_ST_READ_BYTES, size);
-	sfs_io_read(req, sfs_file_readfd(sfs_fh(fi)), size, off);
+	struct sfs_file *f = sfs_fh(fi);
+
+	sfs_io_read(req, sfs_file_readfd(f), size, off, f->flags & O_DIRECT);
 }
 
 void sfs_op_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *buf,
@@ -248,7 +253,8 @@ void sfs_op_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *buf,
 		sfs_reply_err(req, ret);
 		return;
 	}
-	sfs_io_write(req, f->fd, buf, off);
+	atomic_fetch_add(&f->node->dirty, 1);
+	sfs_io_write(req, f->fd, buf, off, f->flags & O_DIRECT);
 }
 
 void sfs_op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
@@ -268,10 +274,14 @@ void sfs_op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 void sfs_op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync,
 		  struct fuse_file_info *fi)
 {
-	int fd = sfs_fh(fi)->fd;
-	int ret = datasync ? fdatasync(fd) : fsync(fd);
+	struct sfs_file *f = sfs_fh(fi);
+	unsigned int dirty = atomic_load(&f->node->dirty);
+	int ret = datasync ? fdatasync(f->fd) : fsync(f->fd);
 
 	sfs_count(STRATA_ST_FSYNC, 1);
+	/* allocated now, unless written meanwhile: attributes may be kept */
+	if (ret == 0)
+		atomic_compare_exchange_strong(&f->node->dirty, &dirty, 0);
 	fuse_reply_err(req, ret < 0 ? errno : 0);
 }
 
@@ -288,6 +298,7 @@ void sfs_op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t offset,
 		return;
 	}
 	/* it modifies the file like a write: privileges go the same way */
+	atomic_fetch_add(&f->node->dirty, 1);
 	ret = sfs_file_killpriv(req, f);
 	if (ret == 0 && fallocate(f->fd, mode, offset, length) < 0)
 		ret = -errno;
@@ -319,6 +330,73 @@ void sfs_op_copy_file_range(fuse_req_t req, fuse_ino_t ino_in, off_t off_in,
 		sfs_reply_err(req, ret);
 		return;
 	}
+	atomic_fetch_add(&out->node->dirty, 1);
 	sfs_io_copy_file(req, sfs_file_readfd(sfs_fh(fi_in)), off_in, out->fd,
 			 off_out, len, flags);
+}
+
+/*
+ * lsattr and chattr: the kernel asks for a file's flags with
+ * FS_IOC_GETFLAGS or FS_IOC_FSGETXATTR (and sets them with the SET
+ * forms) on a handle it opens for the purpose. They are the real file's,
+ * as on the kernel's overlayfs, and setting them copies the file up
+ * first. Only regular files and directories get here.
+ */
+static int sfs_fileattr(struct sfs_node *n, unsigned int cmd,
+			const void *in, void *out)
+{
+	bool set = cmd == FS_IOC_SETFLAGS || cmd == FS_IOC_FSSETXATTR;
+	int fd, ret;
+
+	if (set) {
+		ret = sfs_copy_up(n);
+		if (ret < 0)
+			return ret;
+		/* attributes change: the next write checks privileges again */
+		atomic_store(&n->nosec, false);
+	}
+	fd = sfs_node_datafd(n);
+	if (!S_ISDIR(n->type)) {
+		fd = sfs_reopen(fd, O_RDONLY | O_NONBLOCK);
+		if (fd < 0)
+			return fd;
+	}
+	ret = ioctl(fd, cmd, set ? (void *)in : out) < 0 ? -errno : 0;
+	if (!S_ISDIR(n->type))
+		close(fd);
+	return ret;
+}
+
+void sfs_op_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void *arg,
+		  struct fuse_file_info *fi, unsigned flags,
+		  const void *in_buf, size_t in_bufsz, size_t out_bufsz)
+{
+	union {
+		unsigned int flags;
+		struct fsxattr fsx;
+	} out = { 0 };
+	size_t size = cmd == FS_IOC_GETFLAGS || cmd == FS_IOC_SETFLAGS ?
+			      sizeof(out.flags) : sizeof(out.fsx);
+	bool set = cmd == FS_IOC_SETFLAGS || cmd == FS_IOC_FSSETXATTR;
+	struct sfs_node *n;
+	int ret;
+
+	if (cmd != FS_IOC_GETFLAGS && cmd != FS_IOC_SETFLAGS &&
+	    cmd != FS_IOC_FSGETXATTR && cmd != FS_IOC_FSSETXATTR) {
+		fuse_reply_err(req, ENOTTY);
+		return;
+	}
+	if (set ? in_bufsz < size : out_bufsz < size) {
+		fuse_reply_err(req, EINVAL);
+		return;
+	}
+	ret = sfs_node_get_pinned(ino, &n);
+	if (ret == 0) {
+		ret = sfs_fileattr(n, cmd, in_buf, &out);
+		sfs_node_release(n);
+	}
+	if (ret < 0)
+		sfs_reply_err(req, ret);
+	else
+		fuse_reply_ioctl(req, 0, set ? NULL : &out, set ? 0 : size);
 }

@@ -675,53 +675,87 @@ void sfs_node_dir_changed(struct sfs_node *dir, int subdir_delta)
 }
 
 /*
- * A file in the hardlink index counts its visible names in an xattr:
- * its real link count includes the index entry and misses the lower
- * names not copied up yet. The kernel's index=on keeps the same kind of
- * count.
+ * An indexed file counts its names in view in the kernel's nlink xattr
+ * (index.c): its real count includes the index entry and misses the
+ * lower names not linked up. Caller holds n->lock.
  */
-int sfs_index_nlink_init(const char *tmp, nlink_t nlink)
-{
-	struct sfs_xpath x;
-	uint64_t val = nlink;
-	int ret = sfs_xpath_entry(&x, sfs->tmpfd, tmp);
-
-	return ret < 0 ? ret : sfs_xattr_set(&x, sfs->xattr_nlink, &val,
-					     sizeof(val), 0);
-}
-
-/* Caller holds n->lock. */
 static int sfs_index_nlink_load(struct sfs_node *n)
 {
-	uint64_t val;
+	struct stat st, lst;
+	char buf[16];
 	int ret;
 
 	if (n->index_nlink >= 0)
 		return 0;
-	ret = sfs_node_xattr_get(n, sfs->xattr_nlink, &val, sizeof(val));
-	if (ret != sizeof(val))
-		return ret < 0 ? ret : -EIO;
-	n->index_nlink = val;
+	ret = sfs_fstat(sfs_upper(n), &st);
+	if (ret < 0)
+		return ret;
+	lst = st;
+	if (n->nlower)
+		sfs_fstat(n->lower[0].fd, &lst);
+	ret = sfs_node_xattr_get(n, sfs->xattr_nlink, buf, sizeof(buf));
+	if (ret >= 0)
+		ret = sfs_nlink_parse(buf, ret, st.st_nlink, lst.st_nlink);
+	if (ret < 0) {
+		/* none, or damaged: the real count, as the kernel falls back */
+		strata_warn("ino %llx: no usable nlink xattr (%s)",
+			    (unsigned long long)n->ino, strerror(-ret));
+		ret = st.st_nlink;
+	}
+	n->index_nlink = ret;
 	return 0;
 }
 
-/* Adds to the count of visible names; returns the new count. */
-int sfs_index_nlink_add(struct sfs_node *n, int delta)
+/*
+ * Reads the count in before anything changes the real one it is stored
+ * relative to (sfs_lookup_node does, for every indexed node).
+ */
+int sfs_index_nlink_get(struct sfs_node *n)
 {
-	uint64_t val;
 	int ret;
 
 	sfs_lock(&n->lock);
 	ret = sfs_index_nlink_load(n);
-	if (ret == 0) {
-		val = n->index_nlink + delta > 0 ? n->index_nlink + delta : 0;
-		ret = sfs_node_xattr_set(n, sfs->xattr_nlink, &val,
-					 sizeof(val), 0);
-		if (ret == 0) {
-			n->index_nlink = val;
-			ret = (int)val;
+	if (ret == 0)
+		ret = n->index_nlink;
+	sfs_unlock(&n->lock);
+	return ret;
+}
+
+/*
+ * Adds DELTA to the count of names in view and stores it relative to the
+ * real count as it is now (a name linked up moves that, with DELTA 0).
+ * When no name is left, neither is the index entry, as in the kernel.
+ * Returns the new count.
+ */
+int sfs_index_nlink_add(struct sfs_node *n, int delta)
+{
+	struct sfs_fh fh;
+	struct stat st;
+	char val[16];
+	int ret, len;
+
+	sfs_lock(&n->lock);
+	ret = sfs_index_nlink_load(n);
+	if (ret == 0)
+		ret = sfs_fstat(sfs_upper(n), &st);
+	if (ret < 0)
+		goto out;
+	n->index_nlink = n->index_nlink + delta > 0 ? n->index_nlink + delta : 0;
+	len = sfs_nlink_format(val, sizeof(val), n->index_nlink, st.st_nlink);
+	ret = sfs_node_xattr_set(n, sfs->xattr_nlink, val, len, 0);
+	if (ret == 0 && n->index_nlink == 0 && st.st_nlink == 1) {
+		ret = sfs_node_xattr_get(n, sfs->xattr_origin, fh.buf,
+					 sizeof(fh.buf));
+		if (ret > 0) {
+			fh.len = ret;
+			sfs_index_remove(&fh);
 		}
+		ret = 0;
 	}
+	if (ret == 0)
+		ret = n->index_nlink;
+out:
 	sfs_unlock(&n->lock);
 	return ret;
 }
@@ -775,8 +809,11 @@ int sfs_node_stat(struct sfs_node *n, struct stat *st)
 		if (ret < 0)
 			return ret;
 	}
-	if (n->unlinked)
-		st->st_nlink = 0;
+	/*
+	 * No override for a removed file: the real count is what the
+	 * kernel's overlayfs reports too (an upper file's fell to 0, a lower
+	 * one's stays), and an indexed file's own count fell with it.
+	 */
 	return 0;
 }
 
@@ -786,15 +823,18 @@ void sfs_op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	struct stat st;
 	int ret = sfs_node_get_pinned(ino, &n);
 
+	double timeout = 0;
+
 	sfs_count(STRATA_ST_GETATTR, 1);
 	if (ret == 0) {
 		ret = sfs_node_stat(n, &st);
+		timeout = sfs_attr_timeout(n);
 		sfs_node_release(n);
 	}
 	if (ret < 0)
 		sfs_reply_err(req, ret);
 	else
-		fuse_reply_attr(req, &st, sfs->timeout);
+		fuse_reply_attr(req, &st, timeout);
 }
 
 static int sfs_set_times(struct sfs_node *n, int fd, const struct stat *attr,
@@ -841,6 +881,12 @@ static int sfs_truncate(struct sfs_node *n, int fd, off_t size)
 	return ret;
 }
 
+/* The bits of a SETATTR that change something besides ctime. */
+#define SFS_SET_ATTR_ANY                                                      \
+	(FUSE_SET_ATTR_MODE | FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID |         \
+	 FUSE_SET_ATTR_SIZE | FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_MTIME |     \
+	 FUSE_SET_ATTR_ATIME_NOW | FUSE_SET_ATTR_MTIME_NOW)
+
 static void sfs_setattr(fuse_req_t req, struct sfs_node *n, struct stat *attr,
 			int valid, struct fuse_file_info *fi)
 {
@@ -865,7 +911,12 @@ static void sfs_setattr(fuse_req_t req, struct sfs_node *n, struct stat *attr,
 	/* attributes change: the next write checks privileges again */
 	atomic_store(&n->nosec, false);
 
-	if (valid & (FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID)) {
+	/*
+	 * chown(-1, -1) changes nothing but ctime: the kernel sends no bit
+	 * for it, and the upper filesystem's own no-op chown sets ctime.
+	 */
+	if (valid & (FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID) ||
+	    !(valid & SFS_SET_ATTR_ANY)) {
 		uid_t uid = (valid & FUSE_SET_ATTR_UID) ? attr->st_uid : (uid_t)-1;
 		gid_t gid = (valid & FUSE_SET_ATTR_GID) ? attr->st_gid : (gid_t)-1;
 
@@ -912,7 +963,7 @@ static void sfs_setattr(fuse_req_t req, struct sfs_node *n, struct stat *attr,
 	ret = sfs_node_stat(n, &st);
 	if (ret < 0)
 		goto out_err;
-	fuse_reply_attr(req, &st, sfs->timeout);
+	fuse_reply_attr(req, &st, sfs_attr_timeout(n));
 	return;
 
 out_err:

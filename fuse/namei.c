@@ -28,74 +28,20 @@ void sfs_found_release(struct sfs_found *f)
 	f->redirect = NULL;
 }
 
-/* The lower directories to search, and the name to search them for. */
-struct sfs_search {
-	int n;
-	struct sfs_entry dirs[SFS_MAX_LOWERS];
-	bool owned;		/* dirs were opened here (redirect) */
-	const char *name;
-};
-
-static void sfs_search_release(struct sfs_search *s)
-{
-	if (s->owned)
-		for (int i = 0; i < s->n; i++)
-			close(s->dirs[i].fd);
-	s->n = 0;
-}
-
-static int sfs_lookup_lowers(struct sfs_search *s, struct sfs_found *f);
-
 /*
- * Walks an absolute redirect's parent path down the lower layers with
- * the lookup rules at every step, so an opaque directory or a whiteout
- * on the way hides the deeper layers there too, as it did before the
- * move.
+ * What a lookup carries down the layers, as the kernel's overlayfs does:
+ * the name to find in the next layer (one name, or an absolute path from
+ * the layers' roots once a redirect said so), and whether the search
+ * ends. Every layer's directories may redirect, not only the upper's:
+ * a layer that once was an upper keeps the redirects of its renames.
  */
-static int sfs_search_redirect(struct sfs_search *s, char *path)
-{
-	char *slash = strrchr(path, '/'), *save = NULL, *comp;
-	int ret = 0;
-
-	s->owned = true;
-	s->n = 0;
-	*slash = '\0';
-	for (int l = 0; l < sfs->nlower; l++) {
-		int fd = dup(sfs->lower[l].fd);
-
-		if (fd < 0) {
-			ret = -errno;
-			goto out_err;
-		}
-		s->dirs[s->n++] = (struct sfs_entry){ fd, l + 1, NULL };
-	}
-	for (comp = strtok_r(path, "/", &save); comp && s->n;
-	     comp = strtok_r(NULL, "/", &save)) {
-		struct sfs_found f;
-
-		memset(&f, 0, sizeof(f));
-		f.upper = -1;
-		s->name = comp;
-		ret = sfs_lookup_lowers(s, &f);
-		sfs_search_release(s);
-		if (ret < 0) {
-			sfs_found_release(&f);
-			return ret;
-		}
-		if (S_ISDIR(f.type)) {
-			memcpy(s->dirs, f.lower, f.nlower * sizeof(*f.lower));
-			s->n = f.nlower;
-			f.nlower = 0;
-		}
-		sfs_found_release(&f);
-	}
-	s->name = slash + 1;
-	return 0;
-
-out_err:
-	sfs_search_release(s);
-	return ret;
-}
+struct sfs_lookup {
+	char name[PATH_MAX];
+	bool stop;		/* a whiteout, opaque dir or non-dir ends it */
+	bool is_dir;		/* a directory was found: only dirs merge */
+	bool opaque;		/* the found directory is opaque */
+	char *redirect;		/* the last redirect read, as stored */
+};
 
 /* OCI/AUFS: a ".wh.NAME" file in a lower layer hides NAME below it. */
 static bool sfs_lower_wh(int dirfd, const char *name)
@@ -108,80 +54,207 @@ static bool sfs_lower_wh(int dirfd, const char *name)
 	return fstatat(dirfd, wh, &st, AT_SYMLINK_NOFOLLOW) == 0;
 }
 
-static int sfs_found_add(struct sfs_found *f, int dirfd, const char *name,
-			 int layer, const struct stat *st)
+/*
+ * A directory's redirect changes the name looked up in the layers below:
+ * an absolute one replaces the whole path, a relative one the current
+ * component. PRELEN is the length of the path before that component and
+ * POST what follows it, both kept.
+ */
+static int sfs_check_redirect(int dirfd, struct sfs_lookup *d, size_t prelen,
+			      const char *post)
 {
-	int fd = sfs_open_entry(dirfd, name, st->st_mode);
+	char buf[PATH_MAX];
+	char *r;
+	int n, ret;
 
-	if (fd < 0)
-		return fd;
-	f->lower[f->nlower++] = (struct sfs_entry){ fd, layer, NULL };
+	ret = sfs_get_redirect(dirfd, &r);
+	if (ret < 0 || !r)
+		return ret;
+	if (r[0] == '/')
+		n = snprintf(buf, sizeof(buf), "%s%s", r, post);
+	else
+		n = snprintf(buf, sizeof(buf), "%.*s%s%s", (int)prelen,
+			     d->name, r, post);
+	free(d->redirect);
+	d->redirect = r;
+	if (n < 0 || (size_t)n >= sizeof(buf))
+		return -ENAMETOOLONG;
+	/*
+	 * An ancestor on an absolute path may have been opaque: a redirect
+	 * below it starts the search over from the roots all the same.
+	 */
+	if (r[0] == '/')
+		d->stop = false;
+	memcpy(d->name, buf, n + 1);
 	return 0;
 }
 
 /*
- * Searches the lower directories for s->name, adding what merges to f.
- * Returns 1 when a whiteout or an opaque directory ended the search.
+ * Looks one name up in one directory of one layer. *out gets the entry
+ * (directories open, others O_PATH) or -1; d says whether to go on.
  */
-static int sfs_lookup_lowers(struct sfs_search *s, struct sfs_found *f)
+static int sfs_lookup_single(int base, struct sfs_lookup *d, const char *name,
+			     size_t prelen, const char *post, bool lower,
+			     int *out, struct stat *st)
 {
-	if (sfs_is_wh_name(s->name))
-		return 0;	/* markers, never entries */
-	for (int i = 0; i < s->n; i++) {
-		struct stat st;
-		int ret;
+	bool last = !*post;
+	int fd, ret;
 
-		if (fstatat(s->dirs[i].fd, s->name, &st,
-			    AT_SYMLINK_NOFOLLOW) < 0) {
-			if (errno != ENOENT && errno != ENOTDIR)
-				return -errno;
-			if (i + 1 < s->n && sfs_lower_wh(s->dirs[i].fd, s->name))
-				return 1;
-			continue;
+	*out = -1;
+	/* only a redirect asks for these, and the kernel refuses them too */
+	if (!strcmp(name, ".") || !strcmp(name, ".."))
+		return -EACCES;
+	if (lower && sfs_is_wh_name(name))
+		return 0;	/* markers, never entries */
+	if (fstatat(base, name, st, AT_SYMLINK_NOFOLLOW) < 0) {
+		if (errno != ENOENT && errno != ENOTDIR && errno != ENAMETOOLONG)
+			return -errno;
+		if (lower && sfs_lower_wh(base, name))
+			d->stop = d->opaque = true;
+		return 0;
+	}
+	if (sfs_is_whiteout(st) || sfs_is_xwhiteout(base, name, st) > 0) {
+		d->stop = d->opaque = true;
+		return 0;
+	}
+	if (!S_ISDIR(st->st_mode)) {
+		/* a non-dir ends the search, and never merges with a dir */
+		d->stop = true;
+		if (d->is_dir || !last)
+			return 0;
+		fd = sfs_open_entry(base, name, st->st_mode);
+		if (fd < 0)
+			return fd;
+		*out = fd;
+		return 0;
+	}
+	if (sfs_is_trap(st))
+		return -ELOOP;	/* a layer's root seen inside a layer */
+	if (last)
+		d->is_dir = true;
+	fd = sfs_open_entry(base, name, st->st_mode);
+	if (fd < 0)
+		return fd;
+	ret = sfs_dir_is_opaque(fd, lower);
+	if (ret > 0) {
+		d->stop = true;
+		if (last)
+			d->opaque = true;
+		ret = 0;
+	} else if (ret == 0) {
+		ret = sfs_check_redirect(fd, d, prelen, post);
+	}
+	if (ret < 0) {
+		close(fd);
+		return ret;
+	}
+	*out = fd;
+	return 0;
+}
+
+/*
+ * Looks d->name up in one layer below BASE: one name in that directory,
+ * or an absolute path walked from the layer's root, in this layer alone,
+ * each directory on the way free to redirect what follows it.
+ */
+static int sfs_lookup_layer(int base, struct sfs_lookup *d, bool lower,
+			    int *out, struct stat *st)
+{
+	char comp[NAME_MAX + 1], post[PATH_MAX];
+	int cur = base, fd = -1, ret = 0;
+	size_t rem, len;
+
+	*out = -1;
+	if (d->name[0] != '/')
+		return sfs_lookup_single(base, d, d->name, 0, "", lower, out, st);
+	/* counted from the end: a redirect may change what comes before */
+	rem = strlen(d->name) - 1;
+	for (;;) {
+		const char *s = d->name + strlen(d->name) - rem;
+		const char *next = strchrnul(s, '/');
+
+		len = next - s;
+		if (len == 0 || len > NAME_MAX) {
+			if (cur != base)
+				close(cur);
+			break;	/* no such name in any layer */
 		}
-		if (sfs_is_whiteout(&st))
-			return 1;
-		if (f->type && (!S_ISDIR(f->type) || !S_ISDIR(st.st_mode)))
-			return 1;	/* a non-dir ends the merge */
-		if (!f->type) {
-			f->type = st.st_mode & S_IFMT;
-			f->st = st;
+		memcpy(comp, s, len);
+		comp[len] = '\0';
+		strcpy(post, next);
+		ret = sfs_lookup_single(cur, d, comp, strlen(d->name) - rem,
+					post, lower, &fd, st);
+		if (cur != base)
+			close(cur);
+		cur = base;
+		if (ret < 0 || fd < 0)
+			break;
+		if (!*post) {
+			*out = fd;
+			return 0;
 		}
-		ret = sfs_found_add(f, s->dirs[i].fd, s->name,
-				    s->dirs[i].layer, &st);
+		cur = fd;
+		rem -= len + 1;
+	}
+	return ret;
+}
+
+/*
+ * Searches the lower layers, adding to f what merges: first in DIR's own
+ * lower directories, from the roots once the name is absolute (a
+ * redirect), going on below the layer where that happened.
+ */
+static int sfs_lookup_lowers(struct sfs_node *dir, struct sfs_lookup *d,
+			     struct sfs_found *f)
+{
+	struct sfs_entry roots[SFS_MAX_LOWERS];
+	const struct sfs_entry *stack = dir->lower;
+	int n = dir->nlower;
+
+	for (int l = 0; l < sfs->nlower; l++)
+		roots[l] = (struct sfs_entry){ sfs->lower[l].fd, l + 1, NULL };
+	if (d->name[0] == '/') {
+		stack = roots;
+		n = sfs->nlower;
+	}
+	for (int i = 0; !d->stop && i < n; i++) {
+		struct stat st;
+		int fd, ret;
+
+		ret = sfs_lookup_layer(stack[i].fd, d, true, &fd, &st);
 		if (ret < 0)
 			return ret;
-		if (!S_ISDIR(st.st_mode))
-			return 1;
-		ret = sfs_dir_is_opaque(f->lower[f->nlower - 1].fd, true);
-		if (ret != 0)
-			return ret;
+		if (fd >= 0) {
+			if (!f->type) {
+				f->type = st.st_mode & S_IFMT;
+				f->st = st;
+			}
+			f->lower[f->nlower++] = (struct sfs_entry){
+				fd, stack[i].layer, NULL };
+		}
+		if (d->name[0] == '/' && stack != roots) {
+			/* on from the next layer down, from its root */
+			i = stack[i].layer - 1;
+			stack = roots;
+			n = sfs->nlower;
+		}
 	}
 	return 0;
 }
 
-static void sfs_search_dir(struct sfs_search *s, struct sfs_node *dir,
-			   const char *name)
+static void sfs_lookup_init(struct sfs_lookup *d, const char *name)
 {
-	s->owned = false;
-	s->n = dir->nlower;
-	if (dir->nlower)
-		memcpy(s->dirs, dir->lower, dir->nlower * sizeof(*dir->lower));
-	s->name = name;
+	memset(d, 0, sizeof(*d));
+	snprintf(d->name, sizeof(d->name), "%s", name);
 }
 
-/* A lower file with several names may already have an upper copy. */
-static int sfs_lookup_index(struct sfs_found *f, uint64_t ino)
+/* A lower file with several names may already have a copy in the index. */
+static int sfs_lookup_index(struct sfs_found *f)
 {
-	char key[32];
-	int fd;
+	int fd = sfs_index_find(f->lower[0].fd, f->lower[0].layer, f->type);
 
-	if (sfs->indexfd < 0)
-		return 0;
-	snprintf(key, sizeof(key), "%016llx", (unsigned long long)ino);
-	fd = openat(sfs->indexfd, key, O_PATH | O_NOFOLLOW | O_CLOEXEC);
 	if (fd < 0)
-		return errno == ENOENT ? 0 : -errno;
+		return fd == -ENOENT || fd == -ENAMETOOLONG ? 0 : fd;
 	f->upper = fd;
 	f->indexed = true;
 	f->has_origin = true;
@@ -191,90 +264,62 @@ static int sfs_lookup_index(struct sfs_found *f, uint64_t ino)
 int sfs_lookup_name(struct sfs_node *dir, const char *name,
 		    struct sfs_found *f)
 {
-	struct sfs_search s;
+	struct sfs_lookup d;
 	int upper = sfs_upper(dir);
-	int ret;
+	int ret = 0;
 
 	memset(f, 0, sizeof(*f));
 	f->upper = -1;
+	/* no layer can hold it (a redirect's name may be missing, though) */
+	if (strlen(name) > NAME_MAX)
+		return -ENAMETOOLONG;
+	sfs_lookup_init(&d, name);
 	if (upper >= 0) {
-		struct stat st;
-
-		if (fstatat(upper, name, &st, AT_SYMLINK_NOFOLLOW) == 0) {
-			if (sfs_is_whiteout(&st))
-				return -ENOENT;
-			f->type = st.st_mode & S_IFMT;
-			f->st = st;
-			f->upper = sfs_open_entry(upper, name, st.st_mode);
-			if (f->upper < 0) {
-				ret = f->upper;
-				f->upper = -1;
-				return ret;
-			}
-			if (!S_ISDIR(st.st_mode))
-				return 0;
-			ret = sfs_dir_is_opaque(f->upper, false);
-			if (ret > 0) {
-				f->opaque = true;
-				ret = sfs_dir_is_impure(f->upper);
-				if (ret < 0)
-					goto out_err;
-				f->impure = ret > 0;
-				return 0;
-			}
+		ret = sfs_lookup_single(upper, &d, name, 0, "", false,
+					&f->upper, &f->st);
+		if (ret < 0)
+			goto out;
+		if (d.opaque && f->upper < 0) {
+			ret = -ENOENT;	/* a whiteout */
+			goto out;
+		}
+		if (f->upper >= 0) {
+			f->type = f->st.st_mode & S_IFMT;
+			f->opaque = d.opaque;
+			/* the node keeps its own redirect, as it is stored */
+			f->redirect = d.redirect;
+			d.redirect = NULL;
+		}
+		if (S_ISDIR(f->type)) {
+			ret = sfs_dir_is_impure(f->upper);
 			if (ret < 0)
-				goto out_err;
-			ret = sfs_get_redirect(f->upper, &f->redirect);
-			if (ret == 0)
-				ret = sfs_dir_is_impure(f->upper);
-			if (ret < 0)
-				goto out_err;
+				goto out;
 			f->impure = ret > 0;
-		} else if (errno != ENOENT) {
-			return -errno;
 		}
 	}
-
-	if (f->redirect && f->redirect[0] == '/') {
-		char *path = strdup(f->redirect);
-
-		if (!path) {
-			ret = -ENOMEM;
-			goto out_err;
-		}
-		ret = sfs_search_redirect(&s, path);
-		if (ret == 0)
-			ret = sfs_lookup_lowers(&s, f);
-		sfs_search_release(&s);
-		free(path);
-	} else {
-		/* A relative redirect (the kernel's, same parent) names the lower entry. */
-		sfs_search_dir(&s, dir, f->redirect ? f->redirect : name);
-		ret = sfs_lookup_lowers(&s, f);
-	}
+	ret = sfs_lookup_lowers(dir, &d, f);
+	if (ret == 0 && !f->type)
+		ret = -ENOENT;
+out:
+	free(d.redirect);
 	if (ret < 0)
-		goto out_err;
-	if (!f->type)
-		return -ENOENT;
-	return 0;
-
-out_err:
-	sfs_found_release(f);
+		sfs_found_release(f);
 	return ret;
 }
 
 /* 1 when a lower layer shows NAME in DIR, so removing it needs a whiteout. */
 int sfs_lower_positive(struct sfs_node *dir, const char *name)
 {
-	struct sfs_search s;
+	struct sfs_lookup d;
 	struct sfs_found f;
 	int ret;
 
 	memset(&f, 0, sizeof(f));
 	f.upper = -1;
-	sfs_search_dir(&s, dir, name);
-	ret = sfs_lookup_lowers(&s, &f);
+	sfs_lookup_init(&d, name);
+	ret = sfs_lookup_lowers(dir, &d, &f);
 	ret = ret < 0 ? ret : f.type != 0;
+	free(d.redirect);
 	sfs_found_release(&f);
 	return ret;
 }
@@ -288,26 +333,16 @@ static int sfs_found_ino(struct sfs_found *f, int dirfd, const char *name,
 			 bool impure, uint64_t *ino)
 {
 	if (f->upper >= 0) {
-		if (impure && sfs_origin_get(dirfd, name, ino) > 0) {
-			struct sfs_xpath x;
-			uint64_t count;
+		int ret = sfs_upper_ino(dirfd, name, f->st.st_ino, impure, ino,
+					&f->indexed);
 
-			f->has_origin = true;
-			/* one of the names of an indexed lower hard link */
-			if (!S_ISDIR(f->type) && f->st.st_nlink > 1 &&
-			    sfs_xpath_entry(&x, dirfd, name) == 0 &&
-			    sfs_xattr_get(&x, sfs->xattr_nlink, &count,
-					  sizeof(count)) == sizeof(count))
-				f->indexed = true;
-			return 0;
-		}
-		*ino = sfs_ino_compose(sfs->upper.fsid, f->st.st_ino);
-		return 0;
+		f->has_origin = ret > 0;
+		return ret < 0 ? ret : 0;
 	}
 	*ino = sfs_ino_compose(sfs->lower[f->lower[0].layer - 1].fsid,
 			       f->st.st_ino);
 	if (!S_ISDIR(f->type) && f->st.st_nlink > 1 && sfs_has_upper())
-		return sfs_lookup_index(f, *ino);
+		return sfs_lookup_index(f);
 	return 0;
 }
 
@@ -331,6 +366,15 @@ int sfs_lookup_node(struct sfs_node *dir, const char *name,
 		return ret;
 	}
 	*out = sfs_node_from_found(dir, name, &f, ino, &ret);
+	if (*out && atomic_load(&(*out)->indexed)) {
+		int count = sfs_index_nlink_get(*out);
+
+		if (count < 0) {
+			sfs_node_release(*out);
+			*out = NULL;
+			return count;
+		}
+	}
 	return ret;
 }
 
@@ -360,15 +404,14 @@ int sfs_lookup_held(struct sfs_node *dir, const char *name, struct stat *st,
 		*state = 0;
 		return 0;
 	}
-	if (sfs_is_whiteout(st))
+	if (sfs_is_whiteout(st) || sfs_is_xwhiteout(upper, name, st) > 0)
 		return -ENOENT;
 	*state = 2;
 	sfs_lock(&dir->lock);
 	impure = dir->di->impure;
 	sfs_unlock(&dir->lock);
 	/* the inode number exactly as sfs_found_ino makes it */
-	if (!impure || sfs_origin_get(upper, name, &ino) <= 0)
-		ino = sfs_ino_compose(sfs->upper.fsid, st->st_ino);
+	sfs_upper_ino(upper, name, st->st_ino, impure, &ino, NULL);
 	*out = sfs_node_find(ino, st->st_mode);
 	return *out ? 1 : 0;
 }
@@ -378,7 +421,7 @@ int sfs_fill_entry(struct sfs_node *n, struct fuse_entry_param *e)
 {
 	memset(e, 0, sizeof(*e));
 	e->ino = sfs_node_id(n);
-	e->attr_timeout = sfs->timeout;
+	e->attr_timeout = sfs_attr_timeout(n);
 	e->entry_timeout = sfs->timeout;
 	return sfs_node_stat(n, &e->attr);
 }

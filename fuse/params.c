@@ -33,6 +33,7 @@ static const struct fuse_opt sfs_opt_spec[] = {
 	FUSE_OPT_KEY("statsfile=", KEY_STRING),
 	SFS_OPT("userxattr", userxattr),
 	SFS_OPT("passthrough", passthrough),
+	SFS_OPT("noallow_other", noallow_other),
 	FUSE_OPT_KEY("-h", KEY_HELP),
 	FUSE_OPT_KEY("--help", KEY_HELP),
 	FUSE_OPT_KEY("-V", KEY_VERSION),
@@ -300,7 +301,10 @@ void sfs_usage(const char *prog)
 	       "                        docs/fuse-settings.md for what it changes\n"
 	       "    -o statsfile=FILE   export operation and byte counters in FILE\n"
 	       "                        (a small binary file the CSI plugin reads)\n"
-	       "    -o allow_other      let other users into the mount\n"
+	       "    -o allow_other      let other users into the mount (the\n"
+	       "                        default when root mounts, as on kernel\n"
+	       "                        overlayfs; permissions are the kernel's)\n"
+	       "    -o noallow_other    root mounts: only root gets in\n"
 	       "    -f                  stay in the foreground\n"
 	       "    -d                  debug output (implies -f)\n"
 	       "    -h, --help          this text\n"

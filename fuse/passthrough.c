@@ -113,6 +113,9 @@ int sfs_pass_open(struct sfs_file *f)
 	}
 	n->npass++;
 	f->passthrough = true;
+	/* the kernel writes it without us: as if written from now on */
+	if ((f->flags & O_ACCMODE) != O_RDONLY)
+		atomic_fetch_add(&n->dirty, 1);
 	id = n->backing;
 out:
 	sfs_unlock(&n->lock);
@@ -163,8 +166,8 @@ static void sfs_pass_timeout(double t, uint64_t *sec, uint32_t *nsec)
 	*nsec = (uint32_t)((t - (double)*sec) * 1e9);
 }
 
-static void sfs_pass_fill_entry(struct fuse_entry_out *o,
-				const struct fuse_entry_param *e)
+/* An entry reply's body, for the replies built here and in tmpfile.c. */
+void sfs_entry_out(struct fuse_entry_out *o, const struct fuse_entry_param *e)
 {
 	const struct stat *st = &e->attr;
 
@@ -205,7 +208,7 @@ int sfs_pass_reply(fuse_req_t req, const struct fuse_entry_param *e,
 	int n = 0;
 
 	if (e) {
-		sfs_pass_fill_entry(&entry, e);
+		sfs_entry_out(&entry, e);
 		iov[n++] = (struct iovec){ &entry, sizeof(entry) };
 	}
 	iov[n++] = (struct iovec){ &open, sizeof(open) };

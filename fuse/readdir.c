@@ -21,6 +21,7 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include "stratafs.h"
@@ -210,9 +211,8 @@ static uint64_t sfs_entry_ino(struct sfs_lister *l, int dirfd, int layer,
 	uint64_t ino;
 
 	if (layer == 0) {
-		if (l->impure && sfs_origin_get(dirfd, name, &ino) > 0)
-			return ino;
-		return sfs_ino_compose(sfs->upper.fsid, real);
+		sfs_upper_ino(dirfd, name, real, l->impure, &ino, NULL);
+		return ino;
 	}
 	return sfs_ino_compose(sfs->lower[layer - 1].fsid, real);
 }
@@ -220,6 +220,8 @@ static uint64_t sfs_entry_ino(struct sfs_lister *l, int dirfd, int layer,
 static int sfs_list_layer(struct sfs_lister *l, int fd, int layer)
 {
 	struct dirent *de;
+	bool xwh = false;
+	char val[2];
 	DIR *d;
 	int dfd, ret = 0;
 
@@ -227,6 +229,10 @@ static int sfs_list_layer(struct sfs_lister *l, int fd, int layer)
 	dfd = openat(fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (dfd < 0)
 		return -errno;
+	/* a lower directory marked to hold xattr whiteouts (whiteout.c) */
+	if (layer > 0)
+		xwh = fgetxattr(dfd, sfs->xattr_opaque, val, sizeof(val)) == 1 &&
+		      val[0] == 'x';
 	d = fdopendir(dfd);
 	if (!d) {
 		close(dfd);
@@ -249,14 +255,16 @@ static int sfs_list_layer(struct sfs_lister *l, int fd, int layer)
 		}
 		if (sfs_lister_has(l, name))
 			continue;
-		if (type == DT_CHR || type == DT_UNKNOWN) {
+		if (type == DT_CHR || type == DT_UNKNOWN ||
+		    (type == DT_REG && xwh)) {
 			if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
 				if (errno == ENOENT)
 					continue;
 				ret = -errno;
 				break;
 			}
-			if (sfs_is_whiteout(&st)) {
+			if (sfs_is_whiteout(&st) ||
+			    (xwh && sfs_is_xwhiteout(dfd, name, &st) > 0)) {
 				ret = sfs_lister_hide(l, name);
 				if (ret < 0)
 					break;

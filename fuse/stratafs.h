@@ -29,13 +29,22 @@
 /* Real inode numbers keep their low bits; the layer's filesystem goes above. */
 #define SFS_INO_FSID_SHIFT 56
 #define SFS_WORK_TMP "work"
-#define SFS_WORK_INDEX "strata-index"
+/* the kernel's index directory, and the one stratafs used before it */
+#define SFS_WORK_INDEX "index"
+#define SFS_WORK_OLD_INDEX "strata-index"
 
 struct sfs_layer {
 	char *path;		/* as given, for messages */
 	int fd;			/* O_RDONLY|O_DIRECTORY on the layer root */
 	dev_t dev;
 	unsigned fsid;		/* index of dev among the layers' devices */
+	uint8_t uuid[16];	/* its filesystem's, as origins carry it */
+};
+
+/* An origin: a lower file's handle in the kernel overlayfs format (index.c). */
+struct sfs_fh {
+	uint8_t len;
+	uint8_t buf[5 + 16 + 128];	/* header, uuid, MAX_HANDLE_SZ */
 };
 
 struct sfs_params {
@@ -48,6 +57,7 @@ struct sfs_params {
 	/* ints, not bools: fuse_opt stores flag options as int */
 	int userxattr;
 	int passthrough;	/* asked for; sfs_fs.passthrough: in effect */
+	int noallow_other;	/* root mounts: keep other users out */
 	int foreground;
 	int debug;
 	int show_help;
@@ -144,7 +154,7 @@ struct sfs_node {
 	struct sfs_node *parent;	/* lock; referenced; NULL for root */
 	char *name;		/* lock: the inline copy, or one a rename made */
 	struct sfs_dirinfo *di;	/* const: directories only, else NULL */
-	int32_t index_nlink;	/* lock: indexed, visible names; -1 unknown */
+	int32_t index_nlink;	/* lock: indexed: names in view; -1 unknown */
 	/*
 	 * Descriptors are valid while the node is pinned (sfs_node_pin): an
 	 * idle node may be parked, its descriptors closed and reopened from
@@ -160,11 +170,18 @@ struct sfs_node {
 	atomic_bool parked;
 	atomic_bool used;	/* eviction's clock bit */
 	bool no_park;		/* evictor only: a layer without file handles */
+	bool linkable;		/* lock: an O_TMPFILE file, not named yet */
 	atomic_bool nosec;	/* no setuid/setgid/capability to drop on write */
 	atomic_bool stale;	/* unlinked and its data released */
 	atomic_bool has_origin;	/* upper copy records the lower's inode number */
 	atomic_bool indexed;	/* upper data lives in the hardlink index */
 	atomic_bool unlinked;	/* no name left in the view */
+	/*
+	 * Data written since the last fsync: the upper filesystem may still
+	 * allocate (st_blocks) when it writes back, so the kernel must not
+	 * cache the attributes meanwhile. Bumped per write, 0 when synced.
+	 */
+	atomic_uint dirty;
 	bool pass_used;		/* lock: passthrough since the last cached open */
 	uint8_t nlower;		/* const */
 	int32_t backing;	/* lock: passthrough backing id while npass */
@@ -194,14 +211,22 @@ struct sfs_fs {
 	struct sfs_layer lower[SFS_MAX_LOWERS];
 	int workfd;		/* the workdir, flock'ed while mounted */
 	int tmpfd;		/* workdir/work: temp entries for atomic moves */
-	int indexfd;		/* workdir/strata-index: lower hardlinks */
+	int indexfd;		/* workdir/index: lower hard links (index.c) */
 	int nullfd;		/* O_PATH /dev/null: stands in for released files */
+	/* the layers' roots and the workdir: never entered through a lookup */
+	int ntraps;
+	struct {
+		dev_t dev;
+		ino_t ino;
+	} traps[SFS_MAX_LOWERS + 2];
 	char xattr_prefix[32];	/* "trusted.overlay." or "user.overlay." */
 	char xattr_opaque[48];
 	char xattr_redirect[48];
-	char xattr_origin[48];	/* ours: the inode number kept over copy-up */
+	char xattr_ino[48];	/* ours: the inode number kept over copy-up */
+	char xattr_origin[48];	/* the lower file's handle (index.c) */
 	char xattr_impure[48];
-	char xattr_nlink[48];	/* ours: visible names of an indexed file */
+	char xattr_nlink[48];	/* the union's link count of an indexed file */
+	char xattr_whiteout[48];	/* marks an empty file a whiteout */
 	bool rename_whiteout;	/* upper fs supports RENAME_WHITEOUT */
 	_Atomic uint64_t tmp_seq;
 
@@ -294,6 +319,12 @@ static inline bool sfs_has_upper(void)
 	return sfs->upper.fd >= 0;
 }
 
+/* How long the kernel may keep the node's attributes. */
+static inline double sfs_attr_timeout(struct sfs_node *n)
+{
+	return atomic_load(&n->dirty) ? 0 : sfs->timeout;
+}
+
 /* The node's upper descriptor, or -1 when it has no upper entry. Pinned. */
 static inline int sfs_upper(struct sfs_node *n)
 {
@@ -310,6 +341,7 @@ void sfs_usage(const char *prog);
 
 /* super.c */
 int sfs_setup(struct sfs_fs *fs);
+bool sfs_is_trap(const struct stat *st);
 void sfs_teardown(struct sfs_fs *fs);
 extern const struct fuse_lowlevel_ops sfs_ops;
 
@@ -354,7 +386,7 @@ int sfs_node_set_name(struct sfs_node *n, struct sfs_node *parent,
 		      const char *name);
 void sfs_node_dir_changed(struct sfs_node *dir, int subdir_delta);
 uint64_t sfs_ino_compose(unsigned fsid, ino_t ino);
-int sfs_index_nlink_init(const char *tmp, nlink_t nlink);
+int sfs_index_nlink_get(struct sfs_node *n);
 int sfs_index_nlink_add(struct sfs_node *n, int delta);
 void sfs_op_forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup);
 void sfs_op_forget_multi(fuse_req_t req, size_t count,
@@ -405,6 +437,22 @@ int sfs_copy_up_meta(struct sfs_node *n);
 int sfs_copy_up_name(struct sfs_node *dir, const char *name,
 		     struct sfs_node *n);
 
+/* index.c */
+void sfs_layer_uuid(struct sfs_layer *l);
+int sfs_fh_encode(int fd, const struct sfs_layer *l, struct sfs_fh *fh);
+int sfs_fh_decode(const struct sfs_fh *fh, int *layer);
+int sfs_origin_fh_get(int dirfd, const char *name, struct sfs_fh *fh);
+int sfs_origin_fh_set(int dirfd, const char *name, const struct sfs_fh *fh);
+int sfs_index_open(const struct sfs_fh *fh, mode_t type, struct stat *st);
+int sfs_index_install(const char *tmp, const struct sfs_fh *fh);
+void sfs_index_remove(const struct sfs_fh *fh);
+int sfs_nlink_parse(const char *buf, size_t len, nlink_t upper, nlink_t lower);
+int sfs_nlink_format(char *buf, size_t size, nlink_t nlink, nlink_t upper);
+int sfs_index_convert(struct sfs_fs *fs);
+int sfs_upper_ino(int dirfd, const char *name, ino_t real, bool impure,
+		  uint64_t *ino, bool *indexed);
+int sfs_index_find(int fd, int layer, mode_t type);
+
 /* file.c */
 void sfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
 void sfs_op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
@@ -429,6 +477,9 @@ mode_t sfs_killpriv_bits(fuse_req_t req, const struct stat *st);
 int sfs_file_has_caps(int fd);
 int sfs_file_reply(fuse_req_t req, struct sfs_file *f,
 		   struct fuse_file_info *fi, const struct fuse_entry_param *e);
+void sfs_op_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void *arg,
+		  struct fuse_file_info *fi, unsigned flags,
+		  const void *in_buf, size_t in_bufsz, size_t out_bufsz);
 
 /* xattr.c */
 struct sfs_xpath {
@@ -453,8 +504,8 @@ int sfs_node_xattr_get(struct sfs_node *n, const char *name, void *buf,
 		       size_t size);
 int sfs_node_xattr_set(struct sfs_node *n, const char *name, const void *val,
 		       size_t size, int flags);
-int sfs_origin_get(int dirfd, const char *name, uint64_t *ino);
-int sfs_origin_set(int dirfd, const char *name, uint64_t ino);
+int sfs_ino_xattr_get(int dirfd, const char *name, uint64_t *ino);
+int sfs_ino_xattr_set(int dirfd, const char *name, uint64_t ino);
 void sfs_op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
 		     const char *value, size_t size, int flags);
 void sfs_op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
@@ -467,6 +518,7 @@ bool sfs_is_whiteout(const struct stat *st);
 bool sfs_is_wh_name(const char *name);
 int sfs_wh_name(const char *name, char *buf, size_t size);
 int sfs_dir_is_opaque(int dirfd, bool lower);
+int sfs_is_xwhiteout(int dirfd, const char *name, const struct stat *st);
 int sfs_set_opaque(int dirfd);
 int sfs_dir_is_impure(int dirfd);
 int sfs_mark_impure(struct sfs_node *dir);
@@ -484,6 +536,11 @@ void sfs_pass_release(struct sfs_file *f);
 bool sfs_pass_keep_cache(struct sfs_node *n);
 int sfs_pass_reply(fuse_req_t req, const struct fuse_entry_param *e,
 		   uint64_t fh, int backing);
+struct fuse_entry_out;
+void sfs_entry_out(struct fuse_entry_out *o, const struct fuse_entry_param *e);
+
+/* tmpfile.c */
+int sfs_tmpfile_setup(struct fuse_session *se);
 
 /* handshake.c */
 int sfs_handshake(struct fuse_session *se);
@@ -491,8 +548,9 @@ int sfs_handshake(struct fuse_session *se);
 /* io.c: all file data moves through here */
 int sfs_io_init(const char *engine);
 void sfs_io_shutdown(void);
-void sfs_io_read(fuse_req_t req, int fd, size_t size, off_t off);
-void sfs_io_write(fuse_req_t req, int fd, struct fuse_bufvec *in, off_t off);
+void sfs_io_read(fuse_req_t req, int fd, size_t size, off_t off, bool direct);
+void sfs_io_write(fuse_req_t req, int fd, struct fuse_bufvec *in, off_t off,
+		  bool direct);
 void sfs_io_copy_file(fuse_req_t req, int in, off_t off_in, int out,
 		      off_t off_out, size_t len, int flags);
 int sfs_io_copy_range(int in, int out, off_t off, size_t len);
@@ -524,7 +582,6 @@ int sfs_rename(int olddir, const char *old, int newdir, const char *new,
 int sfs_unlinkat(int dirfd, const char *name, int flags);
 int sfs_errno(int ret);
 void sfs_reply_err(fuse_req_t req, int ret);
-void sfs_req_owner(fuse_req_t req, struct sfs_node *dir, mode_t *mode,
-		   uid_t *uid, gid_t *gid);
+void sfs_new_owner(struct sfs_node *dir, mode_t *mode, uid_t *uid, gid_t *gid);
 
 #endif

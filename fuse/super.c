@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/mount.h>
 #include <sys/xattr.h>
 #include <unistd.h>
 
@@ -18,8 +19,44 @@
 
 struct sfs_fs *sfs;
 
-static int sfs_open_layer(struct sfs_layer *l, const char *path,
-			  const char *what)
+/*
+ * A layer is held through a private clone of its mount, as the kernel's
+ * overlayfs holds its layers: the mount the user sees is never busy
+ * because of the daemon, so the filesystem under a layer can be
+ * unmounted the moment the union is, even while the daemon is still
+ * exiting (its clone keeps the filesystem alive until then). TREE is a
+ * clone (open_tree) or -1, and REL the layer's path below it: upper and
+ * work share one clone, since renames between them need one mount.
+ * Without the privilege to clone, or where the clone does not reach the
+ * layer (a mount below the clone's root), it is opened where it is.
+ */
+static int sfs_open_cloned(int tree, const char *rel, int plain)
+{
+	struct stat want, got;
+	int fd;
+
+	if (tree < 0)
+		return plain;
+	fd = openat(tree, *rel ? rel : ".",
+		    O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0 || fstat(plain, &want) < 0 || fstat(fd, &got) < 0 ||
+	    want.st_dev != got.st_dev || want.st_ino != got.st_ino) {
+		if (fd >= 0)
+			close(fd);
+		return plain;
+	}
+	close(plain);
+	return fd;
+}
+
+static int sfs_clone(const char *path)
+{
+	return path ? open_tree(AT_FDCWD, path,
+				OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC) : -1;
+}
+
+static int sfs_open_layer_at(struct sfs_layer *l, const char *path,
+			     const char *what, int tree, const char *rel)
 {
 	struct stat st;
 
@@ -31,11 +68,70 @@ static int sfs_open_layer(struct sfs_layer *l, const char *path,
 			strerror(errno));
 		return ret;
 	}
+	l->fd = sfs_open_cloned(tree, rel, l->fd);
 	if (fstat(l->fd, &st) < 0)
 		return -errno;
 	l->dev = st.st_dev;
 	l->path = strdup(path);
 	return l->path ? 0 : -ENOMEM;
+}
+
+static int sfs_open_layer(struct sfs_layer *l, const char *path,
+			  const char *what)
+{
+	int tree = sfs_clone(path);
+	int ret = sfs_open_layer_at(l, path, what, tree, "");
+
+	if (tree >= 0)
+		close(tree);
+	return ret;
+}
+
+/* Length of the deepest directory holding both absolute paths. */
+static size_t sfs_common_dir(const char *a, const char *b)
+{
+	size_t i = 0, last = 0;
+
+	for (; a[i] && a[i] == b[i]; i++)
+		if (a[i] == '/')
+			last = i;
+	/* a whole component in common: one path is the other's parent */
+	if ((!a[i] || a[i] == '/') && (!b[i] || b[i] == '/'))
+		last = i;
+	return last;
+}
+
+/*
+ * Upper and work through one clone, taken at the deepest directory
+ * holding both (realpath'd, so no symlink is left in either).
+ */
+static int sfs_open_upper_work(struct sfs_fs *fs, struct sfs_layer *work)
+{
+	char *up = realpath(fs->params.upperdir, NULL);
+	char *wk = realpath(fs->params.workdir, NULL);
+	char *base = NULL;
+	const char *rup = "", *rwk = "";
+	int tree, ret;
+
+	if (up && wk) {
+		size_t l = sfs_common_dir(up, wk);
+
+		base = l ? strndup(up, l) : strdup("/");
+		rup = up[l] ? up + l + 1 : "";
+		rwk = wk[l] ? wk + l + 1 : "";
+	}
+	tree = sfs_clone(base);
+	ret = sfs_open_layer_at(&fs->upper, fs->params.upperdir, "upperdir",
+				tree, rup);
+	if (ret == 0)
+		ret = sfs_open_layer_at(work, fs->params.workdir, "workdir",
+					tree, rwk);
+	if (tree >= 0)
+		close(tree);
+	free(base);
+	free(up);
+	free(wk);
+	return ret;
 }
 
 /* 1 when one path is the other or lies below it. */
@@ -127,6 +223,7 @@ static int sfs_setup_work(struct sfs_fs *fs)
 	ret = strata_rmtree_at(fs->workfd, SFS_WORK_TMP);
 	if (ret < 0 && ret != -ENOENT)
 		goto out_err;
+	/* the kernel's index dir, shared with it (index.c) */
 	if (mkdirat(fs->workfd, SFS_WORK_TMP, 0700) < 0 ||
 	    (mkdirat(fs->workfd, SFS_WORK_INDEX, 0700) < 0 && errno != EEXIST)) {
 		ret = -errno;
@@ -209,10 +306,36 @@ static void sfs_setup_xattr_names(struct sfs_fs *fs)
 	snprintf(fs->xattr_redirect, sizeof(fs->xattr_redirect), "%sredirect",
 		 p);
 	snprintf(fs->xattr_impure, sizeof(fs->xattr_impure), "%simpure", p);
-	snprintf(fs->xattr_origin, sizeof(fs->xattr_origin), "%sstrata.ino",
+	snprintf(fs->xattr_ino, sizeof(fs->xattr_ino), "%sstrata.ino", p);
+	snprintf(fs->xattr_origin, sizeof(fs->xattr_origin), "%sorigin", p);
+	snprintf(fs->xattr_nlink, sizeof(fs->xattr_nlink), "%snlink", p);
+	snprintf(fs->xattr_whiteout, sizeof(fs->xattr_whiteout), "%swhiteout",
 		 p);
-	snprintf(fs->xattr_nlink, sizeof(fs->xattr_nlink), "%sstrata.nlink",
-		 p);
+}
+
+/*
+ * The kernel's overlayfs refuses to enter a layer's root or the workdir
+ * through a lookup (ELOOP): a redirect, or layers sharing a tree, could
+ * otherwise show a layer inside itself.
+ */
+static void sfs_add_trap(struct sfs_fs *fs, int fd)
+{
+	struct stat st;
+
+	if (fd >= 0 && fstat(fd, &st) == 0) {
+		fs->traps[fs->ntraps].dev = st.st_dev;
+		fs->traps[fs->ntraps].ino = st.st_ino;
+		fs->ntraps++;
+	}
+}
+
+bool sfs_is_trap(const struct stat *st)
+{
+	for (int i = 0; i < sfs->ntraps; i++)
+		if (sfs->traps[i].ino == st->st_ino &&
+		    sfs->traps[i].dev == st->st_dev)
+			return true;
+	return false;
 }
 
 int sfs_setup(struct sfs_fs *fs)
@@ -264,11 +387,7 @@ int sfs_setup(struct sfs_fs *fs)
 	if (fs->params.upperdir) {
 		struct sfs_layer work = { .fd = -1 };
 
-		ret = sfs_open_layer(&fs->upper, fs->params.upperdir,
-				     "upperdir");
-		if (ret == 0)
-			ret = sfs_open_layer(&work, fs->params.workdir,
-					     "workdir");
+		ret = sfs_open_upper_work(fs, &work);
 		fs->workfd = work.fd;
 		free(work.path);
 		if (ret < 0)
@@ -285,8 +404,24 @@ int sfs_setup(struct sfs_fs *fs)
 			goto out;
 		fs->upper.fsid = sfs_fsid(fs, fs->upper.dev, devs, &ndevs);
 	}
-	for (int i = 0; i < fs->nlower; i++)
+	for (int i = 0; i < fs->nlower; i++) {
 		fs->lower[i].fsid = sfs_fsid(fs, fs->lower[i].dev, devs, &ndevs);
+		sfs_layer_uuid(&fs->lower[i]);
+	}
+	if (fs->indexfd >= 0) {
+		ret = sfs_index_convert(fs);
+		if (ret < 0) {
+			fprintf(stderr, "stratafs: workdir '%s': converting %s: %s\n",
+				fs->params.workdir, SFS_WORK_OLD_INDEX,
+				strerror(-ret));
+			goto out;
+		}
+	}
+
+	sfs_add_trap(fs, fs->upper.fd);
+	sfs_add_trap(fs, fs->workfd);
+	for (int i = 0; i < fs->nlower; i++)
+		sfs_add_trap(fs, fs->lower[i].fd);
 
 	fs->nullfd = open("/dev/null", O_PATH | O_CLOEXEC);
 	if (fs->nullfd < 0) {
@@ -355,6 +490,9 @@ static void sfs_op_init(void *userdata, struct fuse_conn_info *conn)
 		sfs->dir_cache = (conn->capable & FUSE_CAP_NO_OPENDIR_SUPPORT) ?
 					 SFS_DIR_CACHE_NO_OPENDIR :
 					 SFS_DIR_CACHE_ON;
+	/* lsattr and chattr on directories too (sfs_op_ioctl) */
+	if (conn->capable & FUSE_CAP_IOCTL_DIR)
+		conn->want |= FUSE_CAP_IOCTL_DIR;
 #ifdef STRATA_TSAN
 	/* read(2) and write(2) on /dev/fuse order requests for TSan */
 	conn->want &= ~(FUSE_CAP_SPLICE_READ | FUSE_CAP_SPLICE_WRITE |
@@ -402,4 +540,5 @@ const struct fuse_lowlevel_ops sfs_ops = {
 	.getxattr = sfs_op_getxattr,
 	.listxattr = sfs_op_listxattr,
 	.removexattr = sfs_op_removexattr,
+	.ioctl = sfs_op_ioctl,
 };

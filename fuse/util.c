@@ -77,17 +77,14 @@ void sfs_reply_err(fuse_req_t req, int ret)
 }
 
 /*
- * The owner a new entry gets: the caller's fsuid, and the directory's
- * group when the directory is setgid (which new subdirectories inherit).
+ * The owner a new entry gets: the caller's fsuid and fsgid (given in
+ * *uid and *gid), and the directory's group when the directory is setgid
+ * (which new subdirectories inherit).
  */
-void sfs_req_owner(fuse_req_t req, struct sfs_node *dir, mode_t *mode,
-		   uid_t *uid, gid_t *gid)
+void sfs_new_owner(struct sfs_node *dir, mode_t *mode, uid_t *uid, gid_t *gid)
 {
-	const struct fuse_ctx *ctx = fuse_req_ctx(req);
 	struct stat st;
 
-	*uid = ctx->uid;
-	*gid = ctx->gid;
 	if (sfs_node_stat(dir, &st) == 0 && (st.st_mode & S_ISGID)) {
 		*gid = st.st_gid;
 		if (S_ISDIR(*mode))

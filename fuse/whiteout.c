@@ -8,6 +8,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,6 +59,23 @@ int sfs_dir_is_opaque(int dirfd, bool lower)
 	return 0;
 }
 
+/*
+ * The kernel's other whiteout (Linux 6.7+, for layers that cannot hold
+ * device nodes): an empty regular file with the "whiteout" xattr. A
+ * lookup honours it in any layer, as the kernel's does; a listing hides
+ * it only in a lower directory marked opaque "x" (readdir.c), where the
+ * kernel's does. DIRFD/NAME is the entry, ST its stat: 1 when it is one.
+ */
+int sfs_is_xwhiteout(int dirfd, const char *name, const struct stat *st)
+{
+	char path[64 + NAME_MAX];
+
+	if (!S_ISREG(st->st_mode) || st->st_size != 0)
+		return 0;
+	snprintf(path, sizeof(path), "/proc/self/fd/%d/%s", dirfd, name);
+	return lgetxattr(path, sfs->xattr_whiteout, NULL, 0) >= 0;
+}
+
 int sfs_set_opaque(int dirfd)
 {
 	strata_debug("set opaque on fd %d", dirfd);
@@ -97,10 +115,10 @@ int sfs_mark_impure(struct sfs_node *dir)
 }
 
 /*
- * A redirect is an absolute path of plain names, or one plain name (the
- * kernel's relative form). Anything else ("..", ".", empty components,
- * NUL bytes) could lead a lookup out of the layers: it is ignored, as
- * the kernel ignores redirects it cannot verify.
+ * A redirect is an absolute path of non-empty names, or one name (the
+ * relative form): anything else is refused with EINVAL, as the kernel
+ * refuses it, never walked. "." and ".." pass here and are refused
+ * where a walk meets them (EACCES, namei.c), as the kernel does too.
  */
 static bool sfs_redirect_valid(const char *r, size_t len)
 {
@@ -109,13 +127,12 @@ static bool sfs_redirect_valid(const char *r, size_t len)
 	if (strlen(r) != len)
 		return false;
 	if (*p != '/')
-		return !strchr(r, '/') && strcmp(r, ".") && strcmp(r, "..");
+		return !strchr(r, '/');
 	while (p < end) {
 		const char *c = ++p, *slash = memchr(c, '/', end - c);
 		size_t l = (slash ? slash : end) - c;
 
-		if (l == 0 || (l == 1 && c[0] == '.') ||
-		    (l == 2 && c[0] == '.' && c[1] == '.'))
+		if (l == 0)
 			return false;
 		p = c + l;
 	}
@@ -124,19 +141,18 @@ static bool sfs_redirect_valid(const char *r, size_t len)
 
 int sfs_get_redirect(int dirfd, char **out)
 {
-	char buf[4096];
+	char buf[PATH_MAX];
 	ssize_t n;
 
 	*out = NULL;
 	n = fgetxattr(dirfd, sfs->xattr_redirect, buf, sizeof(buf) - 1);
 	if (n < 0)
-		return (errno == ENODATA || errno == ENOTSUP) ? 0 : -errno;
-	if (n == 0)
-		return 0;
+		return (errno == ENODATA || errno == ENOTSUP) ? 0 :
+		       errno == ERANGE ? -EINVAL : -errno;
 	buf[n] = '\0';
-	if (!sfs_redirect_valid(buf, n)) {
-		strata_warn("ignoring invalid redirect '%s'", buf);
-		return 0;
+	if (n == 0 || !sfs_redirect_valid(buf, n)) {
+		strata_warn("invalid redirect '%s'", buf);
+		return -EINVAL;
 	}
 	*out = strdup(buf);
 	return *out ? 0 : -ENOMEM;

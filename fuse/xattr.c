@@ -1,7 +1,11 @@
 /*
  * Extended attributes of the merged view. The overlay's own markers
  * (trusted.overlay.*, or user.overlay.* with userxattr) are private: they
- * never show, and nobody sets them through the mount.
+ * never show, and nobody sets them through the mount. A name in that
+ * namespace given through the mount is the user's own, kept escaped as
+ * PREFIX"overlay."NAME in the layers and listed back unescaped, as the
+ * kernel's overlayfs does since Linux 6.7: so an overlay's upper can hold
+ * the markers of an overlay stacked on it.
  *
  * An xattr is reached by path. For anything but a symlink that is the
  * node's /proc/self/fd link, followed. A symlink cannot be reached that
@@ -14,6 +18,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <linux/limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,9 +29,45 @@
 
 #define SFS_XATTR_VALUE_MAX (64 * 1024)
 
-bool sfs_xattr_is_private(const char *name)
+#define SFS_XATTR_ESCAPE "overlay."
+
+static bool sfs_xattr_is_own(const char *name)
 {
 	return strncmp(name, sfs->xattr_prefix, strlen(sfs->xattr_prefix)) == 0;
+}
+
+/* A user's name in the overlay's namespace, as the layers keep it. */
+static bool sfs_xattr_is_escaped(const char *name)
+{
+	return sfs_xattr_is_own(name) &&
+	       strncmp(name + strlen(sfs->xattr_prefix), SFS_XATTR_ESCAPE,
+		       strlen(SFS_XATTR_ESCAPE)) == 0;
+}
+
+bool sfs_xattr_is_private(const char *name)
+{
+	return sfs_xattr_is_own(name) && !sfs_xattr_is_escaped(name);
+}
+
+/*
+ * The name a user's xattr has in the layers: itself, or escaped when it
+ * is in the overlay's namespace. Points into buf or at name.
+ */
+static int sfs_xattr_layer_name(const char *name, char *buf, size_t size,
+				const char **out)
+{
+	size_t plen = strlen(sfs->xattr_prefix);
+	int n;
+
+	*out = name;
+	if (!sfs_xattr_is_own(name))
+		return 0;
+	n = snprintf(buf, size, "%s" SFS_XATTR_ESCAPE "%s", sfs->xattr_prefix,
+		     name + plen);
+	if (n < 0 || (size_t)n >= size || n > XATTR_NAME_MAX)
+		return -ERANGE;
+	*out = buf;
+	return 0;
 }
 
 int sfs_xpath_entry(struct sfs_xpath *x, int dirfd, const char *name)
@@ -156,29 +197,29 @@ static ssize_t sfs_xattr_list(const struct sfs_xpath *x, char **out)
 }
 
 /*
- * Our origin xattr: the inode number a copied-up entry had below, so
- * st_ino survives copy-up. Reached by parent and name, which covers
- * symlinks too.
+ * Our own xattr beside the kernel's origin: the inode number a copied-up
+ * entry had below, so st_ino survives copy-up without decoding the
+ * origin. Reached by parent and name, which covers symlinks too.
  */
-int sfs_origin_get(int dirfd, const char *name, uint64_t *ino)
+int sfs_ino_xattr_get(int dirfd, const char *name, uint64_t *ino)
 {
 	struct sfs_xpath x;
 	uint64_t val;
 
 	if (sfs_xpath_entry(&x, dirfd, name) < 0 ||
-	    sfs_xattr_get(&x, sfs->xattr_origin, &val, sizeof(val)) !=
+	    sfs_xattr_get(&x, sfs->xattr_ino, &val, sizeof(val)) !=
 		    sizeof(val))
 		return 0;
 	*ino = val;
 	return 1;
 }
 
-int sfs_origin_set(int dirfd, const char *name, uint64_t ino)
+int sfs_ino_xattr_set(int dirfd, const char *name, uint64_t ino)
 {
 	struct sfs_xpath x;
 	int ret = sfs_xpath_entry(&x, dirfd, name);
 
-	return ret < 0 ? ret : sfs_xattr_set(&x, sfs->xattr_origin, &ino,
+	return ret < 0 ? ret : sfs_xattr_set(&x, sfs->xattr_ino, &ino,
 					     sizeof(ino), 0);
 }
 
@@ -244,6 +285,7 @@ struct sfs_xattr_arg {
 	size_t size;
 	int flags;
 	char *list;
+	bool hide_trusted;	/* list: the caller is not root */
 };
 
 static int sfs_xattr_get_op(const struct sfs_xpath *x, void *arg)
@@ -279,7 +321,17 @@ static int sfs_xattr_list_op(const struct sfs_xpath *x, void *arg)
 	for (char *name = a->list; name < a->list + len;) {
 		size_t l = strlen(name) + 1;
 
-		if (!sfs_xattr_is_private(name)) {
+		size_t plen = strlen(sfs->xattr_prefix);
+		size_t esc = strlen(SFS_XATTR_ESCAPE);
+
+		if (a->hide_trusted && !strncmp(name, "trusted.", 8)) {
+			/* as the kernel's overlayfs: for CAP_SYS_ADMIN only */
+		} else if (sfs_xattr_is_escaped(name)) {
+			/* the user's own name, as it was set */
+			memmove(w, name, plen);
+			memmove(w + plen, name + plen + esc, l - plen - esc);
+			w += l - esc;
+		} else if (!sfs_xattr_is_private(name)) {
 			memmove(w, name, l);
 			w += l;
 		}
@@ -311,12 +363,13 @@ void sfs_op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
 	struct sfs_node *n;
 	int ret;
 
+	char esc[XATTR_NAME_MAX + 1];
+
 	sfs_count(STRATA_ST_SETXATTR, 1);
-	/* The overlay's markers are not the user's to forge. */
-	if (sfs_xattr_is_private(name)) {
-		fuse_reply_err(req, EOPNOTSUPP);
-		return;
-	}
+	/* the overlay's markers are not the user's to forge: escaped */
+	ret = sfs_xattr_layer_name(name, esc, sizeof(esc), &name);
+	if (ret < 0)
+		goto out;
 	ret = sfs_node_get_pinned(ino, &n);
 	if (ret < 0)
 		goto out;
@@ -336,10 +389,13 @@ void sfs_op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
 	char *buf = NULL;
 	int ret;
 
+	char esc[XATTR_NAME_MAX + 1];
+
 	sfs_count(STRATA_ST_GETXATTR, 1);
-	/* To the user the markers do not exist, as with the kernel's. */
-	if (sfs_xattr_is_private(name)) {
-		fuse_reply_err(req, ENODATA);
+	/* to the user the markers do not exist, only escaped names */
+	ret = sfs_xattr_layer_name(name, esc, sizeof(esc), &name);
+	if (ret < 0) {
+		sfs_reply_err(req, ret);
 		return;
 	}
 	if (size && !(buf = malloc(size))) {
@@ -367,6 +423,11 @@ void sfs_op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
 	int len = sfs_node_get_pinned(ino, &n);
 
 	sfs_count(STRATA_ST_LISTXATTR, 1);
+	/*
+	 * The daemon lists as root; the upper filesystem would have hidden
+	 * trusted.* from anyone without CAP_SYS_ADMIN. Root stands for it.
+	 */
+	a.hide_trusted = fuse_req_ctx(req)->uid != 0;
 	if (len == 0) {
 		len = sfs_node_xattr(n, sfs_xattr_list_op, &a);
 		sfs_node_release(n);
@@ -384,15 +445,16 @@ void sfs_op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
 
 void sfs_op_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name)
 {
-	struct sfs_xattr_arg a = { .name = name };
+	char esc[XATTR_NAME_MAX + 1];
+	struct sfs_xattr_arg a = { 0 };
 	struct sfs_node *n;
 	int ret;
 
 	sfs_count(STRATA_ST_REMOVEXATTR, 1);
-	if (sfs_xattr_is_private(name)) {
-		fuse_reply_err(req, ENODATA);
-		return;
-	}
+	ret = sfs_xattr_layer_name(name, esc, sizeof(esc), &name);
+	if (ret < 0)
+		goto out;
+	a.name = name;
 	ret = sfs_node_get_pinned(ino, &n);
 	if (ret < 0)
 		goto out;

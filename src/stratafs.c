@@ -123,10 +123,16 @@ int main(int argc, char *argv[])
 
 	/*
 	 * Root mounts like the kernel's overlayfs: device nodes and setuid
-	 * files in an image work. First, so that nodev/nosuid given by the
+	 * files in an image work, and every user gets in by the mode bits
+	 * (default_permissions). First, so that nodev/nosuid given by the
 	 * user still win.
 	 */
-	if ((geteuid() == 0 && fuse_opt_insert_arg(&args, 1, "-odev,suid")) ||
+	if ((geteuid() == 0 &&
+	     fuse_opt_insert_arg(&args, 1, fs.params.noallow_other ?
+					       "-odev,suid" :
+					       "-odev,suid,allow_other")) ||
+	    /* without an upper layer the view is read-only, as statvfs says */
+	    (!fs.params.upperdir && fuse_opt_add_arg(&args, "-oro")) ||
 	    fuse_opt_add_arg(&args, "-odefault_permissions") ||
 	    fuse_opt_add_arg(&args, "-osubtype=stratafs") ||
 	    sfs_add_fsname(&args, fs.params.source ? fs.params.source :
@@ -143,6 +149,8 @@ int main(int argc, char *argv[])
 		goto out_session;
 	if (fuse_session_mount(se, fs.params.mountpoint) != 0)
 		goto out_signals;
+	if (sfs_tmpfile_setup(se) != 0)
+		goto out_unmount;
 	if (fuse_daemonize(fs.params.foreground) != 0)
 		goto out_unmount;
 	if (!fs.params.foreground)

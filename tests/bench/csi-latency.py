@@ -24,6 +24,9 @@ import time
 import grpc
 
 REPO = os.path.realpath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(REPO, "tests", "bench", "lib"))
+
+from percentile import pct  # noqa: E402
 
 
 def load_pb(tmp):
@@ -40,12 +43,6 @@ def rpc(ch, pb, service, method, req):
                        request_serializer=lambda m: m.SerializeToString(),
                        response_deserializer=getattr(pb, name).FromString)
     return f(req, timeout=60)
-
-
-def pct(xs, p):
-    xs = sorted(xs)
-    k = max(0, min(len(xs) - 1, round(p / 100 * len(xs) + 0.5) - 1))
-    return xs[k]
 
 
 def main():

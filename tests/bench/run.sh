@@ -415,6 +415,18 @@ wl_randwrite() {
 	sync
 }
 
+wl_direct() { # O_DIRECT 4K random reads (lower file) and writes (upper file)
+	local t=$1 r=$2
+	fio_run direct-randread-1j "$t" "$r" direct FILE="${RROOT[$t]}/rand.bin" \
+		RW=randread ENGINE=psync IODEPTH=1 RUNTIME=$RUNTIME
+	fio_run direct-randread-uring32 "$t" "$r" direct \
+		FILE="${RROOT[$t]}/rand.bin" RW=randread ENGINE=io_uring \
+		IODEPTH=32 RUNTIME=$RUNTIME
+	fio_run direct-randwrite-1j "$t" "$r" direct \
+		FILE="${WROOT[$t]}/randwrite.bin" RW=randwrite ENGINE=psync \
+		IODEPTH=1 RUNTIME=$RUNTIME
+}
+
 # Copy-up: the first append to a lower file. Each round has its own lower
 # file (copyup-rN.bin), so it is fresh on every target in every round. The
 # lower file is read into the page cache first (it is shared by all
@@ -523,7 +535,7 @@ wl_mount() {
 
 # The order of a round. Ordered so that each workload's leftovers (dirty
 # pages, deleted files) are synced before the next one is timed.
-WORKLOADS=(seqread seqwrite randread randwrite copyup meta walk tar mount)
+WORKLOADS=(seqread seqwrite randread randwrite direct copyup meta walk tar mount)
 
 # ---------------------------------------------------------------- setup
 mkdir -p "$RAW/fio" || { echo "run.sh: cannot create $RAW" >&2; exit 2; }

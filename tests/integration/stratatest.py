@@ -63,6 +63,28 @@ def renameat2(src, dst, flags=0, src_dir_fd=AT_FDCWD, dst_dir_fd=AT_FDCWD):
         raise OSError(e, os.strerror(e), src, None, dst)
 
 
+def run_as(uid, gid, dirpath, action):
+    """Runs action(dir_fd) in a child with uid/gid and no groups; returns
+    the errno it raised (0 on success, 255 on anything else).  The dir fd
+    is opened before dropping privileges: pytest's tmp dirs are 0700."""
+    dfd = os.open(dirpath, os.O_RDONLY | os.O_DIRECTORY)
+    pid = os.fork()
+    if pid == 0:  # child
+        code = 0
+        try:
+            os.setgroups([])
+            os.setgid(gid)
+            os.setuid(uid)
+            action(dfd)
+        except OSError as e:
+            code = e.errno
+        except BaseException:
+            code = 255
+        os._exit(code)
+    os.close(dfd)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
 def stratafs_binary():
     """Absolute path of the stratafs binary; fails the test if unusable."""
     return program(STRATAFS_ENV, ".  To run only the kernel overlayfs "
@@ -455,16 +477,34 @@ def lower_has(lowers, lp, *, userxattr=False):
     return True
 
 
-def semantic_upper(upper, lowers, *, userxattr=False):
+def semantic_upper(upper, lowers, *, userxattr=False, work=None):
     """An upper layer reduced to what matters for the merged view:
     whiteouts that hide something in the lower layers, opaque flags of
     directories that have something below them to hide, and every other
     non-directory entry (files with content hash).  Plain directories,
     redirects and irrelevant markers (kernel overlayfs marks every new
     directory in a merged parent opaque, for example) are left out.
+    With `work`, the index (work/index) is part of it, as "index/NAME"
+    entries, and an upper name linked to an index entry is not: the lower
+    name finds the index entry either way (the kernel links the name it
+    copied up through, stratafs does not).
     Returns {relpath: tuple}."""
     snap, lowerpath = _snapshot_upper(upper, userxattr=userxattr)
     out = {}
+    indexed = set()
+    idir = os.path.join(work, "index") if work else None
+    if idir and os.path.isdir(idir):
+        for name in os.listdir(idir):
+            st = os.lstat(os.path.join(idir, name))
+            if stat.S_ISREG(st.st_mode) and not name.startswith("#"):
+                indexed.add((st.st_dev, st.st_ino))
+                with open(os.path.join(idir, name), "rb") as f:
+                    out["index/" + name] = ("file", sha256(f.read()))
+    for rel in list(snap):
+        if snap[rel][0] == "file" and indexed:
+            st = os.lstat(os.path.join(upper, rel))
+            if (st.st_dev, st.st_ino) in indexed:
+                del snap[rel]
     # a path below an opaque upper dir, or below an upper dir with nothing
     # in the lower layers, never reaches the lower layers
     reaches_lower = {".": True}
@@ -617,8 +657,16 @@ class Union:
         assert not self.mounted
         os.makedirs(self.mnt, exist_ok=True)
         if self.kind == "kernel":
-            r = run(["mount", "-t", "overlay", "overlay", "-o", self.options(),
-                     self.mnt], check=False)
+            # index=on refuses an upper whose last overlay is not gone yet:
+            # its superblock can outlive umount(2) for a moment when
+            # another task (a walk of the tree, on this busy machine) held
+            # the mount last
+            for attempt in range(50):
+                r = run(["mount", "-t", "overlay", "overlay", "-o",
+                         self.options(), self.mnt], check=False)
+                if r.returncode == 0 or "index=on" not in self.options():
+                    break
+                time.sleep(0.1)
             if r.returncode != 0:
                 dm = run(["dmesg"], check=False).stdout.splitlines()[-5:]
                 pytest.fail(f"kernel overlay mount failed: {r.stderr}\n"

@@ -1,22 +1,35 @@
 """Differential testing: the same random operations on kernel overlayfs and on
-stratafs, over identical fresh layers, must give the same outcomes (success or
-errno), the same merged tree and an equivalent upper layer.
+stratafs, over the same fresh layers, must give the same outcomes (success or
+errno), the same merged tree and an equivalent upper layer. The kernel runs
+with index=on, as stratafs keeps lower hard links.
 
 Seeds: STRATA_SEEDS=1,2,3 (default 1..12); ops per seed: STRATA_OPS (default 150).
 A "remount" op (both sides) now and then checks that what is on disk gives
-the view that was in memory.
+the view that was in memory. Even seeds stack an old upper on the lower
+layers: the kernel's upper after random operations (directory renames,
+whiteouts, hard links), frozen as the top lower layer. At the end each
+implementation mounts the other's upper and must show what its writer did.
 """
 
+import ctypes
+import ctypes.util
 import errno
+import mmap
 import os
 import random
+import shutil
 import stat
 
 import pytest
 
-from stratatest import (RENAME_EXCHANGE, RENAME_NOREPLACE, diff_snapshots,
-                        renameat2, sha256, semantic_upper, snapshot_tree,
-                        walk_fd)
+from stratatest import (RENAME_EXCHANGE, RENAME_NOREPLACE, build_tree,
+                        diff_snapshots, renameat2, sha256, semantic_upper,
+                        snapshot_tree, walk_fd)
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+AT_FDCWD, AT_EMPTY_PATH = -100, 0x1000
+PAGE = 4096
+KERNEL_OPTS = ["index=on"]
 
 
 def _seeds():
@@ -92,7 +105,7 @@ def entries(root):
     return out
 
 
-def gen_op(rng, ents):
+def gen_op(rng, ents, exclude=()):
     """Pick the next operation from the current (kernel) merged tree."""
     files = [p for p, t in ents if t == "file"]
     dirs = [""] + [p for p, t in ents if t == "dir"]
@@ -115,10 +128,27 @@ def gen_op(rng, ents):
     kind = rng.choices(
         ["create", "write", "append", "truncate", "unlink", "rename", "mkdir",
          "rmdir", "link", "symlink", "chmod", "chown", "setxattr", "removexattr",
-         "utimes", "read", "listdir", "remount"],
-        weights=[8, 6, 5, 4, 8, 10, 6, 5, 3, 3, 4, 4, 4, 2, 3, 4, 3, 1])[0]
+         "utimes", "read", "listdir", "remount", "rename_dir", "tmpfile",
+         "direct_write", "direct_read"],
+        weights=[8, 6, 5, 4, 8, 10, 6, 5, 3, 3, 4, 4, 4, 2, 3, 4, 3, 1,
+                 4, 2, 2, 2])[0]
+    if kind in exclude:
+        kind = "read"
     if kind == "remount":
         return ("remount",)
+    if kind == "rename_dir":
+        # directories, most of them from the lower layers, moved anywhere
+        src = existing([p for p in dirs if p])
+        return ("rename", src, newpath(), 0)
+    if kind == "tmpfile":
+        return ("tmpfile", rng.choice(dirs),
+                rng.choice(NAMES) if rng.random() < 0.6 else None, data())
+    if kind == "direct_write":
+        return ("direct_write", existing(files), rng.randrange(0, 3),
+                rng.randbytes(PAGE * rng.choice([1, 2])))
+    if kind == "direct_read":
+        return ("direct_read", existing(files), rng.randrange(0, 2),
+                rng.choice([1, 2]))
     if kind == "create":
         return ("create", newpath() if rng.random() < 0.7 else existing(files),
                 rng.choice(["excl", "trunc"]), data())
@@ -229,6 +259,38 @@ def apply_op(root, op):
                 return ("ok", sha256(f.read()))
         elif kind == "listdir":
             return ("ok", sorted(os.listdir(P(op[1]))))
+        elif kind == "tmpfile":
+            _, d, name, data = op
+            fd = os.open(P(d), os.O_TMPFILE | os.O_RDWR, 0o644)
+            try:
+                os.write(fd, data)
+                if name:
+                    dst = os.fsencode(os.path.join(P(d), name))
+                    if _libc.linkat(fd, b"", AT_FDCWD, dst, AT_EMPTY_PATH):
+                        e = ctypes.get_errno()
+                        raise OSError(e, os.strerror(e))
+                return ("ok", os.fstat(fd).st_nlink, os.pread(fd, 10, 0))
+            finally:
+                os.close(fd)
+        elif kind == "direct_write":
+            _, p, page, data = op
+            buf = mmap.mmap(-1, len(data))
+            buf[:] = data
+            fd = os.open(P(p), os.O_WRONLY | os.O_DIRECT)
+            try:
+                return ("ok", os.pwrite(fd, buf, page * PAGE),
+                        os.fstat(fd).st_size)
+            finally:
+                os.close(fd)
+        elif kind == "direct_read":
+            _, p, page, npages = op
+            buf = mmap.mmap(-1, npages * PAGE)
+            fd = os.open(P(p), os.O_RDONLY | os.O_DIRECT)
+            try:
+                n = os.preadv(fd, [buf], page * PAGE)
+                return ("ok", n, sha256(bytes(buf[:n])))
+            finally:
+                os.close(fd)
         else:
             raise AssertionError(op)
         return ("ok",)
@@ -249,12 +311,42 @@ def merged(root):
     return snapshot_tree(root, xattr_prefixes=("user.",), nlink=False)
 
 
+def make_stack(fac, seed, rng):
+    """The lower layers, built once and shared by both implementations
+    (so that origins name the same files); on even seeds with an old
+    upper on top: the kernel's, after random operations."""
+    stack = fac.new_dir("stack")
+    dirs = []
+    for i, spec in enumerate(make_layers(rng)):
+        d = os.path.join(stack, f"lower{i}")
+        build_tree(d, spec)
+        dirs.append(d)
+    if seed % 2:
+        return dirs
+    old = fac.make(lowers=[{} for _ in dirs], layer_dirs=dirs,
+                   upper_dir=os.path.join(stack, "old"),
+                   work_dir=os.path.join(stack, "old.work"),
+                   kernel_opts=KERNEL_OPTS)
+    orng = random.Random(seed * 7919)
+    for _ in range(40):
+        apply_op(old.mnt, gen_op(orng, entries(old.mnt),
+                                 exclude=("remount", "tmpfile")))
+    old.unmount()
+    shutil.rmtree(old.work)
+    return [old.upper] + dirs
+
+
+def mount(fac, dirs, upper=None, work=None):
+    return fac.make(lowers=[{} for _ in dirs], layer_dirs=dirs,
+                    upper_dir=upper, work_dir=work, kernel_opts=KERNEL_OPTS)
+
+
 def run_differential(fac_a, fac_b, seed, nops):
     """fac_a drives the op generation (the oracle); fac_b must agree."""
     rng = random.Random(seed)
-    layers = make_layers(rng)
-    a = fac_a.make(lowers=layers)
-    b = fac_b.make(lowers=layers)
+    dirs = make_stack(fac_a, seed, rng)
+    a = mount(fac_a, dirs)
+    b = mount(fac_b, dirs)
     names = (fac_a.kind, fac_b.kind)
     if names[0] == names[1]:
         names = (names[0] + "#1", names[1] + "#2")
@@ -287,8 +379,8 @@ def run_differential(fac_a, fac_b, seed, nops):
         os.umask(old)
     ta, tb = merged(a.mnt), merged(b.mnt)
     assert_trees(ta, tb, names, "merged trees differ after the sequence", ctx)
-    ua = semantic_upper(a.upper, a.lowers)
-    ub = semantic_upper(b.upper, b.lowers)
+    ua = semantic_upper(a.upper, a.lowers, work=a.work)
+    ub = semantic_upper(b.upper, b.lowers, work=b.work)
     assert_trees(ua, ub, names, "upper layers differ (whiteouts, opaque dirs, files)", ctx)
     a.remount()
     b.remount()
@@ -296,6 +388,14 @@ def run_differential(fac_a, fac_b, seed, nops):
                  "merged tree changed over a remount", ctx)
     assert_trees(tb, merged(b.mnt), (names[1], names[1] + " remounted"),
                  "merged tree changed over a remount", ctx)
+    # each reads the other's upper (and workdir, with its index) as written
+    a.unmount()
+    b.unmount()
+    for fac, writer, want in ((fac_a, b, tb), (fac_b, a, ta)):
+        r = mount(fac, dirs, writer.upper, writer.work)
+        assert_trees(want, merged(r.mnt), (writer.kind + " wrote", fac.kind + " read"),
+                     f"{fac.kind} reads the upper {writer.kind} wrote differently", ctx)
+        r.unmount()
     return len(history)
 
 

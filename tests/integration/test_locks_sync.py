@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from stratatest import errno_of
+from stratatest import errno_of, run_as
 
 F_OFD_GETLK, F_OFD_SETLK = 36, 37
 PY = "/usr/bin/python3"
@@ -215,26 +215,6 @@ def test_suid_sgid_dropped_on_write_by_other_user(union, layer, mode, gid, expec
         assert fh.read() == "content+written by other user"
     u.remount()
     assert stat.S_IMODE(os.stat(u.path("f")).st_mode) == expect
-
-
-def run_as(uid, gid, dirpath, action):
-    """Like write_as, but runs action(dir_fd) in the child instead."""
-    dfd = os.open(dirpath, os.O_RDONLY | os.O_DIRECTORY)
-    pid = os.fork()
-    if pid == 0:  # child
-        code = 0
-        try:
-            os.setgroups([])
-            os.setgid(gid)
-            os.setuid(uid)
-            action(dfd)
-        except OSError as e:
-            code = e.errno
-        except BaseException:
-            code = 255
-        os._exit(code)
-    os.close(dfd)
-    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 
 
 def open_trunc(dfd):

@@ -58,7 +58,7 @@ static void test_work(void)
 	fx_file(&fx, "w/work/leftover/f", "x");
 	CHECK_EQ_INT(sfs_setup(&fx.fs), 0);
 	CHECK(!fx_exists(&fx, "w/work/leftover"));
-	CHECK(fx_exists(&fx, "w/strata-index"));
+	CHECK(fx_exists(&fx, "w/index"));
 	CHECK_EQ_STR(fx.fs.xattr_opaque, "trusted.overlay.opaque");
 
 	/* a second instance on the same workdir is refused */

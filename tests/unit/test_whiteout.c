@@ -96,14 +96,14 @@ static void test_xattrs(int dir)
 	CHECK_EQ_INT(sfs_get_redirect(sub, &redirect), 0);
 	CHECK_EQ_STR(redirect, "/a/b");
 	free(redirect);
-	/* hostile redirects are ignored, never walked */
+	/* malformed redirects are refused, as the kernel refuses them */
 	{
-		static const char *const bad[] = { "/a/../../etc", "/..", "/a//b",
-						   "/./a", "a/b", "..", "." };
+		static const char *const bad[] = { "/a//b", "a/b", "/", "//",
+						   "/a/" };
 
 		for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
 			CHECK_EQ_INT(sfs_set_redirect(sub, bad[i]), 0);
-			CHECK_EQ_INT(sfs_get_redirect(sub, &redirect), 0);
+			CHECK_EQ_INT(sfs_get_redirect(sub, &redirect), -EINVAL);
 			CHECK(redirect == NULL);
 		}
 		CHECK_EQ_INT(sfs_set_redirect(sub, "name"), 0);

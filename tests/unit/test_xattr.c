@@ -36,13 +36,13 @@ int main(void)
 	CHECK_EQ_INT(sfs_xattr_get(&b, "user.one", buf, 0), 1);
 
 	/* the origin number, on regular files and symlinks alike */
-	CHECK_EQ_INT(sfs_origin_get(fx.fd, "u/b", &ino), 0);
-	CHECK_EQ_INT(sfs_origin_set(fx.fd, "u/b", 0x0100000000001234ULL), 0);
-	CHECK_EQ_INT(sfs_origin_get(fx.fd, "u/b", &ino), 1);
+	CHECK_EQ_INT(sfs_ino_xattr_get(fx.fd, "u/b", &ino), 0);
+	CHECK_EQ_INT(sfs_ino_xattr_set(fx.fd, "u/b", 0x0100000000001234ULL), 0);
+	CHECK_EQ_INT(sfs_ino_xattr_get(fx.fd, "u/b", &ino), 1);
 	CHECK_EQ_INT(ino, 0x0100000000001234ULL);
 	symlinkat("b", fx.fd, "u/s");
-	CHECK_EQ_INT(sfs_origin_set(fx.fd, "u/s", 42), 0);
-	CHECK_EQ_INT(sfs_origin_get(fx.fd, "u/s", &ino), 1);
+	CHECK_EQ_INT(sfs_ino_xattr_set(fx.fd, "u/s", 42), 0);
+	CHECK_EQ_INT(sfs_ino_xattr_get(fx.fd, "u/s", &ino), 1);
 	CHECK_EQ_INT(ino, 42);
 
 	/*
