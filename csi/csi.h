@@ -134,6 +134,7 @@ struct csi_plugin {
 	struct csi_guard guards[CSI_MAX_GUARDS]; /* the store, the socket's dir */
 	int nguards;
 	struct csi_host host;
+	struct csi_cond *conds;	/* conditions logged (condition.c) */
 };
 
 /*
@@ -326,6 +327,7 @@ int64_t csi_json_int(json_object *o, const char *key);
 int csi_store_open(struct csi_store *s, const char *root);
 void csi_store_close(struct csi_store *s);
 int csi_store_check(struct csi_store *s, char *why, size_t size);
+int csi_store_writable(struct csi_store *s, struct csi_reply *r);
 int64_t csi_store_free(struct csi_store *s);
 bool csi_store_full(struct csi_store *s);
 int csi_volume_new_id(char id[CSI_VOLUME_ID_LEN + 1]);
@@ -405,6 +407,10 @@ int csi_cgroup_join(const int *fds, int n, int *failed);
 void csi_cgroup_remove(struct csi_plugin *p, const char *name);
 void csi_cgroup_sweep(struct csi_plugin *p);
 void csi_cgroup_free(struct csi_host *h);
+
+/* condition.c: abnormal conditions of staged volumes, logged */
+void csi_condition_check(struct csi_plugin *p, const char *id, unsigned round);
+void csi_condition_prune(struct csi_plugin *p, unsigned round);
 
 /* metrics.c */
 enum csi_event {

@@ -366,14 +366,21 @@ static void csi_adopt(struct csi_plugin *p)
 
 int csi_reconcile(struct csi_plugin *p)
 {
+	static unsigned round; /* the watcher's thread alone runs this */
 	char **ids;
 	int n, ret;
 
 	ret = csi_state_list(&p->store, &ids, &n);
 	if (ret)
 		return ret;
-	for (int i = 0; i < n; i++)
+	/* round 0 is never a check's: csi_watch_stop forgets with it */
+	if (++round == 0)
+		round = 1;
+	for (int i = 0; i < n; i++) {
 		csi_reconcile_one(p, ids[i]);
+		csi_condition_check(p, ids[i], round);
+	}
+	csi_condition_prune(p, round);
 	csi_free_strv(ids, n);
 	if (p->host.ncgroups)
 		csi_cgroup_sweep(p);
@@ -440,6 +447,7 @@ void csi_watch_stop(struct csi_plugin *p)
 	pthread_cond_signal(&w->cond);
 	pthread_mutex_unlock(&w->lock);
 	pthread_join(w->thread, NULL);
+	csi_condition_prune(p, 0);
 	pthread_cond_destroy(&w->cond);
 	pthread_mutex_destroy(&w->lock);
 	free(w);
