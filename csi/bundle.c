@@ -23,7 +23,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "csi.h"
@@ -106,36 +105,37 @@ out:
  * The libraries the interpreter loads for the binary, as its --list says:
  * lines "\tNAME => /PATH (0x...)". A library it cannot find is an error.
  */
+struct csi_list {
+	const char *interp;
+	const char *bin;
+};
+
+static int csi_bundle_list(void *arg, int wfd)
+{
+	const struct csi_list *l = arg;
+	char *argv[] = { (char *)l->interp, "--list", (char *)l->bin, NULL };
+
+	if (dup2(wfd, 1) < 0)
+		return -errno;
+	execv(l->interp, argv);
+	return -errno;
+}
+
 static int csi_bundle_libs(struct csi_bundle *b, const char *interp,
 			   const char *bin, char *why, size_t size)
 {
-	char *argv[] = { (char *)interp, "--list", (char *)bin, NULL };
 	char out[16384], *line, *save = NULL;
-	int pfd[2], status, ret = 0;
-	size_t len = 0;
-	ssize_t n;
-	pid_t pid;
+	size_t len;
+	int ret;
 
-	if (pipe2(pfd, O_CLOEXEC) < 0)
-		return -errno;
-	pid = fork();
-	if (pid == 0) {
-		dup2(pfd[1], 1);
-		execv(interp, argv);
-		_exit(127);
+	ret = csi_child_run(csi_bundle_list, &(struct csi_list){ interp, bin },
+			    out, sizeof(out) - 1, &len);
+	if (ret) {
+		snprintf(why, size, "%s --list %s failed: %s", interp, bin,
+			 strerror(-ret));
+		return ret;
 	}
-	close(pfd[1]);
-	while (pid > 0 && (n = read(pfd[0], out + len, sizeof(out) - 1 - len)) > 0)
-		len += n;
-	close(pfd[0]);
 	out[len] = '\0';
-	if (pid < 0)
-		return -errno;
-	if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) ||
-	    WEXITSTATUS(status)) {
-		snprintf(why, size, "%s --list %s failed", interp, bin);
-		return -ENOEXEC;
-	}
 	for (line = strtok_r(out, "\n", &save); line && !ret;
 	     line = strtok_r(NULL, "\n", &save)) {
 		char *arrow = strstr(line, " => "), *end;
@@ -212,40 +212,17 @@ static int csi_copy_file(const char *src, int dirfd, const char *name)
 	return ret;
 }
 
-/* Removes a flat directory of the plugin's making (a bundle's temp). */
-static void csi_rmdir_flat(int parent, const char *name)
-{
-	int fd = openat(parent, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-	DIR *d = fd < 0 ? NULL : fdopendir(fd);
-	struct dirent *e;
-
-	if (!d) {
-		if (fd >= 0)
-			close(fd);
-		return;
-	}
-	while ((e = readdir(d)))
-		if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
-			unlinkat(fd, e->d_name, 0);
-	closedir(d);
-	unlinkat(parent, name, AT_REMOVEDIR);
-}
-
 /* Temp directories of a plugin that died while copying. */
 static void csi_bundle_clean(int dirfd)
 {
-	int fd = openat(dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	DIR *d = fd < 0 ? NULL : fdopendir(fd);
+	DIR *d = csi_opendir_at(dirfd, ".");
 	struct dirent *e;
 
-	if (!d) {
-		if (fd >= 0)
-			close(fd);
+	if (!d)
 		return;
-	}
 	while ((e = readdir(d)))
 		if (!strncmp(e->d_name, ".tmp-", 5))
-			csi_rmdir_flat(dirfd, e->d_name);
+			strata_rmtree_at(dirfd, e->d_name);
 	closedir(d);
 }
 
@@ -277,13 +254,13 @@ static int csi_bundle_write(const struct csi_bundle *b, int dirfd,
 	if (!ret && renameat(dirfd, tmp, dirfd, final) < 0) {
 		/* another plugin made the same one meanwhile: the same bytes */
 		ret = errno == EEXIST || errno == ENOTEMPTY ? 0 : -errno;
-		csi_rmdir_flat(dirfd, tmp);
+		strata_rmtree_at(dirfd, tmp);
 		return ret;
 	}
 	if (ret) {
 		if (!why[0])
 			snprintf(why, size, "%s: %s", tmp, strerror(-ret));
-		csi_rmdir_flat(dirfd, tmp);
+		strata_rmtree_at(dirfd, tmp);
 		return ret;
 	}
 	return fsync(dirfd) < 0 ? -errno : 0;
@@ -304,12 +281,8 @@ int csi_bundle_prepare(struct csi_plugin *p, char *why, size_t size)
 	uint64_t hash;
 
 	why[0] = '\0';
-	if (mkdir(dir, 0755) < 0 && errno != EEXIST) {
-		ret = -errno;
-		snprintf(why, size, "%s: %s", dir, strerror(errno));
-		return ret;
-	}
-	dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (mkdir(dir, 0755) == 0 || errno == EEXIST)
+		dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (dirfd < 0) {
 		ret = -errno;
 		snprintf(why, size, "%s: %s", dir, strerror(errno));

@@ -25,13 +25,11 @@
 #include <libgen.h>
 #include <limits.h>
 #include <linux/magic.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "csi.h"
@@ -122,17 +120,14 @@ static int csi_cgroup_scan(struct csi_host *h, int dirfd, const char *dir,
 			   const char *name, char *why, size_t size)
 {
 	dev_t seen[CSI_MAX_CGROUPS];
-	int nseen = 0, fd, ret = 0;
+	int nseen = 0, ret = 0;
 	struct dirent *e;
 	struct stat st;
 	DIR *d;
 
-	fd = openat(dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	d = fd < 0 ? NULL : fdopendir(fd);
+	d = csi_opendir_at(dirfd, ".");
 	if (!d) {
 		ret = -errno;
-		if (fd >= 0)
-			close(fd);
 		snprintf(why, size, "%s: %s", dir, strerror(-ret));
 		return ret;
 	}
@@ -229,25 +224,32 @@ void csi_cgroup_remove(struct csi_plugin *p, const char *name)
  * mounted read-only, or a cgroup namespace that hides DIR, is an error
  * at start rather than at each NodeStageVolume.
  */
+struct csi_probe_fds {
+	const int *fds;
+	int n;
+};
+
+static int csi_cgroup_probe_child(void *arg, int wfd)
+{
+	const struct csi_probe_fds *pf = arg;
+	int failed;
+
+	(void)wfd;
+	return csi_cgroup_join(pf->fds, pf->n, &failed);
+}
+
 static int csi_cgroup_probe(struct csi_plugin *p, char *why, size_t size)
 {
-	int fds[CSI_MAX_CGROUPS], failed, status, ret;
+	int fds[CSI_MAX_CGROUPS], ret;
 	char name[32];
-	pid_t pid;
 
 	snprintf(name, sizeof(name), "probe-%d", (int)getpid());
 	ret = csi_cgroup_open(p, name, fds, why, size);
 	if (ret)
 		return ret;
-	pid = fork();
-	if (pid == 0) {
-		ret = csi_cgroup_join(fds, p->host.ncgroups, &failed);
-		_exit(-ret);	/* an errno fits an exit status */
-	}
-	ret = pid < 0 ? -errno : 0;
-	if (pid > 0 && waitpid(pid, &status, 0) == pid &&
-	    (!WIFEXITED(status) || WEXITSTATUS(status)))
-		ret = WIFEXITED(status) ? -WEXITSTATUS(status) : -EIO;
+	ret = csi_child_run(csi_cgroup_probe_child,
+			    &(struct csi_probe_fds){ fds, p->host.ncgroups },
+			    NULL, 0, NULL);
 	for (int i = 0; i < p->host.ncgroups; i++)
 		close(fds[i]);
 	csi_cgroup_remove(p, name);
@@ -312,16 +314,11 @@ void csi_cgroup_sweep(struct csi_plugin *p)
 	struct csi_host *h = &p->host;
 
 	for (int i = 0; i < h->ncgroups; i++) {
-		int fd = openat(h->cgroup_fds[i], ".",
-				O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-		DIR *d = fd < 0 ? NULL : fdopendir(fd);
+		DIR *d = csi_opendir_at(h->cgroup_fds[i], ".");
 		struct dirent *e;
 
-		if (!d) {
-			if (fd >= 0)
-				close(fd);
+		if (!d)
 			continue;
-		}
 		while ((e = readdir(d))) {
 			char rec[NAME_MAX + 8];
 

@@ -14,6 +14,7 @@
 #ifndef STRATA_CSI_H
 #define STRATA_CSI_H
 
+#include <dirent.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -398,6 +399,9 @@ unsigned long long csi_daemon_starttime(pid_t pid);
 
 /* host.c, bundle.c, cgroup.c: where the daemons run */
 int csi_host_init(struct csi_plugin *p);
+int csi_child_run(int (*fn)(void *arg, int wfd), void *arg, void *out,
+		  size_t size, size_t *len);
+DIR *csi_opendir_at(int dirfd, const char *name);
 void csi_host_free(struct csi_host *h);
 int csi_bundle_prepare(struct csi_plugin *p, char *why, size_t size);
 int csi_cgroup_init(struct csi_plugin *p, char *why, size_t size);

@@ -25,6 +25,7 @@
  * Without the options the daemons run where the plugin runs, as they
  * always did: standalone, and in a test's private namespace.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/nsfs.h>
@@ -40,36 +41,69 @@
 #include "csi.h"
 
 /*
- * The device and inode `path` has in the daemons' mount namespace, seen
- * by a child that enters it (a thread could not: setns of a mount
- * namespace needs a process of its own).
+ * Runs fn(arg, wfd) in a child process and collects what it writes to
+ * wfd into out (up to size bytes; *len says how many). Returns 0 when the
+ * child exited 0, else the -errno fn returned. For the start-up work that
+ * needs a process of its own: entering a mount namespace, joining a
+ * cgroup, executing a program. The plugin has no thread of its own yet.
  */
-static int csi_host_stat(int nsfd, const char *path, struct stat *st)
+int csi_child_run(int (*fn)(void *arg, int wfd), void *arg, void *out,
+		  size_t size, size_t *len)
 {
 	int pfd[2], status, ret;
+	size_t got = 0;
 	ssize_t n;
 	pid_t pid;
 
 	if (pipe2(pfd, O_CLOEXEC) < 0)
 		return -errno;
 	pid = fork();
-	if (pid == 0) {
-		struct stat cst;
-
-		ret = setns(nsfd, CLONE_NEWNS) < 0 || stat(path, &cst) < 0 ?
-		      errno : 0;
-		if (ret == 0 && write(pfd[1], &cst, sizeof(cst)) != sizeof(cst))
-			ret = EIO;
-		_exit(ret);
-	}
-	close(pfd[1]);
-	n = pid < 0 ? -1 : read(pfd[0], st, sizeof(*st));
+	if (pid == 0)
+		_exit(-fn(arg, pfd[1]) & 0xff);
 	ret = pid < 0 ? -errno : 0;
+	close(pfd[1]);
+	while (pid > 0 && got < size &&
+	       (n = read(pfd[0], (char *)out + got, size - got)) > 0)
+		got += n;
 	close(pfd[0]);
-	if (pid > 0 && waitpid(pid, &status, 0) == pid && !ret)
-		ret = !WIFEXITED(status) ? -EIO : WEXITSTATUS(status) ?
-		      -WEXITSTATUS(status) : n == sizeof(*st) ? 0 : -EIO;
-	return ret;
+	if (len)
+		*len = got;
+	if (pid < 0)
+		return ret;
+	if (waitpid(pid, &status, 0) != pid)
+		return -ECHILD;
+	return !WIFEXITED(status) ? -EIO : -WEXITSTATUS(status);
+}
+
+/* A directory below dirfd as a stream to read, or NULL with errno set. */
+DIR *csi_opendir_at(int dirfd, const char *name)
+{
+	int fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW |
+				     O_CLOEXEC);
+	DIR *d = fd < 0 ? NULL : fdopendir(fd);
+	int err = errno;
+
+	if (!d && fd >= 0) {
+		close(fd);
+		errno = err;
+	}
+	return d;
+}
+
+struct csi_host_stat {
+	int nsfd;
+	const char *path;
+};
+
+/* In the child: the device and inode `path` has in the namespace. */
+static int csi_host_stat_child(void *arg, int wfd)
+{
+	const struct csi_host_stat *hs = arg;
+	struct stat st;
+
+	if (setns(hs->nsfd, CLONE_NEWNS) < 0 || stat(hs->path, &st) < 0)
+		return -errno;
+	return write(wfd, &st, sizeof(st)) == sizeof(st) ? 0 : -EIO;
 }
 
 /* `path` must be the very same file in the daemons' namespace as here. */
@@ -77,6 +111,7 @@ static int csi_host_same(struct csi_host *h, const char *what,
 			 const char *path, char *why, size_t size)
 {
 	struct stat here, there;
+	size_t len;
 	int ret;
 
 	if (stat(path, &here) < 0) {
@@ -84,7 +119,12 @@ static int csi_host_same(struct csi_host *h, const char *what,
 		snprintf(why, size, "%s %s: %s", what, path, strerror(errno));
 		return ret;
 	}
-	ret = csi_host_stat(h->mntns_fd, path, &there);
+	/* a thread cannot enter a mount namespace: a child does */
+	ret = csi_child_run(csi_host_stat_child,
+			    &(struct csi_host_stat){ h->mntns_fd, path }, &there,
+			    sizeof(there), &len);
+	if (ret == 0 && len != sizeof(there))
+		ret = -EIO;
 	if (ret == 0 && (here.st_dev != there.st_dev || here.st_ino != there.st_ino))
 		ret = -EXDEV;
 	if (ret)
