@@ -4,9 +4,17 @@
  * libraries, holds files of that image: the runtime cannot remove the
  * image's root filesystem under it, and an upgrade would have to. So the
  * plugin copies stratafs, with its ELF interpreter and every library
- * the interpreter loads for it, into DIR/stratafs-<version>-<hash>/,
- * and starts the daemons from there through that interpreter, so that
- * nothing of the host's libraries or of the image is used either.
+ * the interpreter loads for it, into DIR/stratafs-<version>-<hash>/, so
+ * that neither the image's files nor the host's libraries are used.
+ *
+ * The copy's interpreter (PT_INTERP) is rewritten to the interpreter's
+ * bare name, which the kernel resolves against the working directory at
+ * exec: the child changes into the bundle, and the kernel loads the
+ * bundle's own interpreter, which finds the libraries through
+ * LD_LIBRARY_PATH. Running the interpreter as a program instead would
+ * make /proc/<pid>/exe the interpreter, put its options in the daemon's
+ * command line, and hide the interpreter from tools that find it by
+ * AT_BASE (LeakSanitizer then reports its allocations as leaks).
  *
  * The name holds a hash of every copied byte: an upgrade that changes
  * any of them makes a new directory, and a running daemon's files are
@@ -34,6 +42,8 @@ struct csi_bundle {
 	char *src[CSI_BUNDLE_MAX];	/* where the plugin found each file */
 	char *name[CSI_BUNDLE_MAX];	/* its name in the bundle */
 	int interp;			/* index of the interpreter, or -1 */
+	off_t interp_off;		/* where the binary names it, */
+	size_t interp_size;		/* and how many bytes, NUL included */
 };
 
 /* Adds src, named `name` in the bundle (NULL: its own base name). */
@@ -64,8 +74,12 @@ static void csi_bundle_free(struct csi_bundle *b)
 	b->n = 0;
 }
 
-/* The ELF interpreter (PT_INTERP) of a 64-bit binary; "" when static. */
-static int csi_elf_interp(const char *path, char *interp, size_t size)
+/*
+ * The ELF interpreter (PT_INTERP) of a 64-bit binary, "" when static, and
+ * where the binary holds its name.
+ */
+static int csi_elf_interp(const char *path, char *interp, size_t size,
+			  struct csi_bundle *b)
 {
 	Elf64_Ehdr eh;
 	Elf64_Phdr ph;
@@ -94,9 +108,31 @@ static int csi_elf_interp(const char *path, char *interp, size_t size)
 			ret = -ENOEXEC;
 		else
 			interp[ph.p_filesz - 1] = '\0';
+		b->interp_off = ph.p_offset;
+		b->interp_size = ph.p_filesz;
 		break;
 	}
 out:
+	close(fd);
+	return ret;
+}
+
+/* The copy names its interpreter by its bare name: see the top. */
+static int csi_elf_set_interp(int dirfd, const struct csi_bundle *b)
+{
+	char name[PATH_MAX] = { 0 };
+	const char *interp = b->name[b->interp];
+	int fd, ret = 0;
+
+	if (strlen(interp) >= b->interp_size)
+		return -ENAMETOOLONG;
+	memcpy(name, interp, strlen(interp));
+	fd = openat(dirfd, b->name[0], O_WRONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	if (pwrite(fd, name, b->interp_size, b->interp_off) != (ssize_t)b->interp_size ||
+	    fsync(fd) < 0)
+		ret = errno ? -errno : -EIO;
 	close(fd);
 	return ret;
 }
@@ -247,6 +283,12 @@ static int csi_bundle_write(const struct csi_bundle *b, int dirfd,
 			snprintf(why, size, "copying %s: %s", b->src[i],
 				 strerror(-ret));
 	}
+	if (!ret && b->interp >= 0) {
+		ret = csi_elf_set_interp(fd, b);
+		if (ret)
+			snprintf(why, size, "naming the interpreter in the copy of %s: %s",
+				 b->src[0], strerror(-ret));
+	}
 	if (!ret && fsync(fd) < 0)
 		ret = -errno;
 	if (fd >= 0)
@@ -268,8 +310,8 @@ static int csi_bundle_write(const struct csi_bundle *b, int dirfd,
 
 /*
  * Copies the daemon binary into the binary directory (once per content)
- * and points the host at it: h->exec is what the child executes, and
- * h->libdir the bundle, for the interpreter's library path.
+ * and points the host at it: h->exec is what the child executes, from
+ * h->libdir, with h->ldpath in its environment.
  */
 int csi_bundle_prepare(struct csi_plugin *p, char *why, size_t size)
 {
@@ -289,7 +331,7 @@ int csi_bundle_prepare(struct csi_plugin *p, char *why, size_t size)
 		return ret;
 	}
 	csi_bundle_clean(dirfd);
-	ret = csi_elf_interp(p->cfg.stratafs, interp, sizeof(interp));
+	ret = csi_elf_interp(p->cfg.stratafs, interp, sizeof(interp), &b);
 	if (ret) {
 		snprintf(why, size, "%s: %s", p->cfg.stratafs,
 			 ret == -ENOEXEC ? "not a 64-bit ELF program" : strerror(-ret));
@@ -325,12 +367,11 @@ int csi_bundle_prepare(struct csi_plugin *p, char *why, size_t size)
 		strata_info("stratafs copied to %s/%s", dir, final);
 	}
 	if (asprintf(&h->libdir, "%s/%s", dir, final) < 0 ||
-	    asprintf(&h->exec, "%s/%s/%s", dir, final,
-		     b.name[b.interp >= 0 ? b.interp : 0]) < 0) {
+	    asprintf(&h->exec, "%s/%s/stratafs", dir, final) < 0 ||
+	    asprintf(&h->ldpath, "LD_LIBRARY_PATH=%s/%s", dir, final) < 0) {
 		ret = -ENOMEM;
 		snprintf(why, size, "%s", strerror(ENOMEM));
 	}
-	h->interp = b.interp >= 0;
 out:
 	csi_bundle_free(&b);
 	close(dirfd);

@@ -97,8 +97,8 @@ struct csi_config {
 struct csi_host {
 	int mntns_fd;		/* the namespace the child enters, or -1 */
 	char *exec;		/* what the child executes */
-	bool interp;		/* exec is the bundle's ELF interpreter */
-	char *libdir;		/* the bundle (--daemon-binary-dir), or NULL */
+	char *libdir;		/* the bundle (--daemon-binary-dir): its cwd */
+	char *ldpath;		/* "LD_LIBRARY_PATH=<bundle>", or NULL */
 	int ncgroups;		/* one per cgroup hierarchy, 0: none */
 	char *cgroups[CSI_MAX_CGROUPS];	/* <hierarchy>/<name>, for messages */
 	int cgroup_fds[CSI_MAX_CGROUPS]; /* O_PATH on each */

@@ -22,6 +22,8 @@
 
 #include "csi.h"
 
+extern char **environ;
+
 #define CSI_STOP_TIMEOUT_MS 5000
 
 /* Field 22 of /proc/<pid>/stat, in clock ticks since boot; 0 if gone. */
@@ -87,7 +89,8 @@ static void csi_daemon_log_tail(int fd, off_t from, char *why, size_t size,
 }
 
 struct csi_spawn {
-	char *argv[16];
+	char *argv[8];
+	char **envp;		/* the plugin's, and a bundle's library path */
 	int logfd;
 	int nullfd;
 	int nfds;
@@ -104,7 +107,7 @@ struct csi_child_err {
 	int cgroup;		/* CSI_STEP_CGROUP: which one */
 };
 
-enum { CSI_STEP_CGROUP = 1, CSI_STEP_MNTNS, CSI_STEP_EXEC };
+enum { CSI_STEP_CGROUP = 1, CSI_STEP_MNTNS, CSI_STEP_CHDIR, CSI_STEP_EXEC };
 
 /* Between fork and exec only async-signal-safe calls. */
 static void csi_daemon_child(const struct csi_spawn *sp,
@@ -127,12 +130,18 @@ static void csi_daemon_child(const struct csi_spawn *sp,
 		e.err = -errno;
 		goto fail;
 	}
+	/* a bundle's binary names its interpreter relative to the bundle */
+	if (h->libdir && chdir(h->libdir) < 0) {
+		e.step = CSI_STEP_CHDIR;
+		e.err = -errno;
+		goto fail;
+	}
 	for (int i = 0; i < sp->nfds; i++)
 		fcntl(sp->fds[i], F_SETFD, 0);
 	dup2(sp->nullfd, 0);
 	dup2(sp->logfd, 1);
 	dup2(sp->logfd, 2);
-	execv(h->exec, sp->argv);
+	execve(h->exec, sp->argv, sp->envp);
 	e.step = CSI_STEP_EXEC;
 	e.err = -errno;
 fail:
@@ -142,31 +151,27 @@ fail:
 }
 
 /*
- * The command line. From a bundle, the daemon is started through the
- * bundle's own interpreter, told to load libraries from the bundle only,
- * and to give stratafs its usual argv[0].
+ * The daemon's environment: the plugin's, with a bundle's library path in
+ * place of any LD_LIBRARY_PATH of its own. Built before the fork: the
+ * child may not allocate.
  */
-static void csi_daemon_argv(const struct csi_host *h, struct csi_spawn *sp,
-			    char *stratafs, char *opts, char *fuse_arg)
+static int csi_daemon_env(const struct csi_host *h, struct csi_spawn *sp)
 {
-	int i = 0;
+	size_t n = 0, j = 0;
 
-	if (h->interp) {
-		sp->argv[i++] = stratafs;
-		sp->argv[i++] = "--inhibit-cache";
-		sp->argv[i++] = "--library-path";
-		sp->argv[i++] = h->libdir;
-		sp->argv[i++] = "--argv0";
-		sp->argv[i++] = "stratafs";
-		sp->argv[i++] = stratafs;
-	} else {
-		sp->argv[i++] = "stratafs";
-	}
-	sp->argv[i++] = "-f";
-	sp->argv[i++] = "-o";
-	sp->argv[i++] = opts;
-	sp->argv[i++] = fuse_arg;
-	sp->argv[i] = NULL;
+	sp->envp = environ;
+	if (!h->ldpath)
+		return 0;
+	while (environ[n])
+		n++;
+	sp->envp = calloc(n + 2, sizeof(char *));
+	if (!sp->envp)
+		return -ENOMEM;
+	for (size_t i = 0; i < n; i++)
+		if (strncmp(environ[i], "LD_LIBRARY_PATH=", 16))
+			sp->envp[j++] = environ[i];
+	sp->envp[j] = h->ldpath;
+	return 0;
 }
 
 /*
@@ -208,6 +213,9 @@ static pid_t csi_daemon_fork(struct csi_plugin *p, struct csi_spawn *sp,
 	else if (e.step == CSI_STEP_MNTNS)
 		snprintf(why, size, "stratafs for volume %s could not enter the mount namespace %s: %s",
 			 id, p->cfg.daemon_mntns, strerror(-e.err));
+	else if (e.step == CSI_STEP_CHDIR)
+		snprintf(why, size, "stratafs for volume %s could not enter its binary directory %s: %s",
+			 id, h->libdir, strerror(-e.err));
 	else
 		snprintf(why, size, "stratafs for volume %s could not be executed (%s): %s",
 			 id, h->exec, strerror(-e.err));
@@ -294,7 +302,6 @@ int csi_daemon_start(struct csi_plugin *p, const struct csi_volume *v,
 {
 	struct csi_spawn sp = { .logfd = -1, .nullfd = -1 };
 	char logname[64], source[64], fuse_arg[32], *opts = NULL;
-	char *stratafs = NULL;
 	int fusefd = -1, ret;
 	off_t from;
 	pid_t pid;
@@ -328,12 +335,17 @@ int csi_daemon_start(struct csi_plugin *p, const struct csi_volume *v,
 	}
 	sp.fds[sp.nfds++] = fusefd;
 	snprintf(fuse_arg, sizeof(fuse_arg), "/dev/fd/%d", fusefd);
-	if (p->host.interp && asprintf(&stratafs, "%s/stratafs", p->host.libdir) < 0) {
-		ret = -ENOMEM;
-		snprintf(why, size, "%s", strerror(ENOMEM));
+	ret = csi_daemon_env(&p->host, &sp);
+	if (ret) {
+		snprintf(why, size, "%s", strerror(-ret));
 		goto out;
 	}
-	csi_daemon_argv(&p->host, &sp, stratafs, opts, fuse_arg);
+	sp.argv[0] = "stratafs";
+	sp.argv[1] = "-f";
+	sp.argv[2] = "-o";
+	sp.argv[3] = opts;
+	sp.argv[4] = fuse_arg;
+	sp.argv[5] = NULL;
 	dprintf(sp.logfd, "strata-csi: starting stratafs for %s\n", n->staging);
 	from = lseek(sp.logfd, 0, SEEK_END);
 	pid = csi_daemon_fork(p, &sp, v->id, why, size);
@@ -367,7 +379,8 @@ out:
 		close(sp.logfd);
 	if (sp.nullfd >= 0)
 		close(sp.nullfd);
-	free(stratafs);
+	if (sp.envp != environ)
+		free(sp.envp);
 	free(opts);
 	return ret;
 }

@@ -221,5 +221,6 @@ void csi_host_free(struct csi_host *h)
 	csi_cgroup_free(h);
 	free(h->exec);
 	free(h->libdir);
-	h->exec = h->libdir = NULL;
+	free(h->ldpath);
+	h->exec = h->libdir = h->ldpath = NULL;
 }

@@ -25,7 +25,8 @@ import time
 import pytest
 
 from csitest import (EPH, Kubelet, STRATAFS_FSTYPE, answers, cap, daemons_of,
-                     is_mounted, mounts_under, poll, read_file, write_file)
+                     is_mounted, mounts_under, poll, read_file,
+                     sanitizer_findings, write_file)
 
 _seq = itertools.count()
 
@@ -193,6 +194,8 @@ def test_daemons_outlive_the_plugin_container(env, host):
         cg = cgroups_of(pid)[""]
         assert os.path.dirname(cg) == "/" + os.path.basename(strata_cg), cg
         assert os.path.basename(cg).startswith("sv-"), cg
+        # the copy runs, through the copy's interpreter (PT_INTERP rewritten)
+        assert os.readlink(f"/proc/{pid}/exe") == os.path.join(bundle[0], "stratafs")
         # no file of the "image": only the copy, and the store's stats file
         foreign = {f for f in mapped_files(pid)
                    if not f.startswith(bundle[0] + "/") and
@@ -228,6 +231,9 @@ def test_daemons_outlive_the_plugin_container(env, host):
     for vid, (st, tgt) in vols.items():
         k2.unpublish(vid, tgt)
         k2.unstage(vid, st)
+        # DeleteVolume removes the daemon's log: a sanitizer's report first
+        log = open(os.path.join(root, "node", vid + ".log"), errors="replace").read()
+        assert sanitizer_findings(log) == [], log[-3000:]
         k2.delete(vid)
     assert p2.csi.NodeUnpublishVolume(volume_id=kid, target_path=itgt).code == "OK"
     poll(lambda: not daemons_of(root), 15, what="every daemon to exit")
@@ -316,17 +322,23 @@ def test_failures_after_start_are_statuses(env, host):
     vid = k.create("v")
     st = env.staging("v")
     (bundle,) = os.listdir(bindir)
+    bundle = os.path.join(bindir, bundle)
     moved = os.path.join(env.base, "moved-away")
-    os.rename(os.path.join(bindir, bundle), moved)
-    r = p.csi.NodeStageVolume(volume_id=vid, staging_target_path=st,
-                              volume_capability=cap())
-    assert r.code == "INTERNAL", r
-    assert f"stratafs for volume {vid} could not be executed" in r.details, r
-    assert "No such file" in r.details, r
-    assert p.csi.Probe().code == "FAILED_PRECONDITION"
-    assert not is_mounted(st) and p.node_record(vid) is None
-    assert daemons_of(p.root) == [] and subdirs(strata_cg) == []
-    os.rename(moved, os.path.join(bindir, bundle))
+    # the copy's interpreter gone, then the whole copy
+    (interp,) = [n for n in os.listdir(bundle) if n.startswith("ld-")]
+    for what, want in ((os.path.join(bundle, interp), "could not be executed"),
+                       (bundle, "could not enter its binary directory")):
+        os.rename(what, moved)
+        r = p.csi.NodeStageVolume(volume_id=vid, staging_target_path=st,
+                                  volume_capability=cap())
+        assert r.code == "INTERNAL", r
+        assert f"stratafs for volume {vid} {want}" in r.details, r
+        assert "No such file" in r.details, r
+        assert not is_mounted(st) and p.node_record(vid) is None
+        assert daemons_of(p.root) == [] and subdirs(strata_cg) == []
+        if what == bundle:
+            assert p.csi.Probe().code == "FAILED_PRECONDITION"
+        os.rename(moved, what)
     # the cgroup parent removed under the plugin
     os.rmdir(strata_cg)
     r = p.csi.NodeStageVolume(volume_id=vid, staging_target_path=st,
