@@ -186,19 +186,22 @@ static pid_t csi_daemon_fork(struct csi_plugin *p, struct csi_spawn *sp,
 	struct csi_child_err e;
 	ssize_t n;
 	pid_t pid;
+	int err;
 
 	if (pipe2(sp->errpipe, O_CLOEXEC) < 0) {
-		snprintf(why, size, "pipe: %s", strerror(errno));
-		return -errno;
+		err = errno;
+		snprintf(why, size, "pipe: %s", strerror(err));
+		return -err;
 	}
 	pid = fork();
+	err = errno;
 	if (pid == 0)
 		csi_daemon_child(sp, h);
 	close(sp->errpipe[1]);
 	if (pid < 0) {
-		snprintf(why, size, "fork: %s", strerror(errno));
+		snprintf(why, size, "fork: %s", strerror(err));
 		close(sp->errpipe[0]);
-		return -errno;
+		return -err;
 	}
 	do
 		n = read(sp->errpipe[0], &e, sizeof(e));

@@ -315,11 +315,11 @@ static bool csi_adopt_mnt(const char *id, const char *path,
 	csi_path_release(&pp);
 	if (fd < 0)
 		return false;
-	if (csi_mnt_of(fd, &top, &root) || !root || top.dev != m->dev) {
-		close(fd);
-		return false;
-	}
+	if (csi_mnt_of(fd, &top, &root) || !root || top.dev != m->dev)
+		root = false;
 	close(fd);
+	if (!root)
+		return false;
 	strata_info("volume %s: the mount at %s was made in another mount namespace: adopted as mount %llu",
 		    id, path, (unsigned long long)top.id);
 	m->id = top.id;
