@@ -12,11 +12,13 @@ and started again (it must adopt what its predecessor left), and the
 cycle's calls are retried as kubelet retries them.
 
 Counted after the second cycle (the first warms up) and after the last,
-with nothing staged:
-mounts below the run's directory, stratafs processes serving the store,
-the plugin's children (zombies included), node records, the plugin's
-open descriptors and its RSS; and, while the volume is published, the
-daemon's descriptors on files. A count that differs at the end is a leak: the
+with nothing staged: mounts below the run's directory, stratafs
+processes serving the store and their descriptors, the plugin's
+children (zombies included), node records, the plugin's open
+descriptors and its RSS. The daemon's descriptors on files while the
+volume is published are reported too, not judged: each cycle has a new
+daemon, and what it holds at a given moment depends on when FUSE's
+releases and forgets arrive. A count that differs at the end is a leak: the
 script prints the table and exits 1. RSS is reported, and fails the run
 only if it grew by more than --rss-slack MiB.
 
@@ -177,7 +179,7 @@ class Soak:
         self.lines += 1
         point("written")
         if counts is not None:
-            counts["daemon file fds (published)"] = daemon_files(self.p.daemon_pid(vid))
+            counts["daemon file fds, published*"] = daemon_files(self.p.daemon_pid(vid))
         if n > 1 and self.args.kill_daemon_every and \
                 n % self.args.kill_daemon_every == 0:
             pid = self.p.daemon_pid(vid)
@@ -200,9 +202,11 @@ class Soak:
         reap()
         pid = self.p.proc.pid
         poll(lambda: not daemons_of(self.p.root), 10, what="the daemons to exit")
+        daemons = daemons_of(self.p.root)
         counts.update({
             "mounts below the run": len(mounts_under(self.env.base)),
-            "stratafs processes": len(daemons_of(self.p.root)),
+            "stratafs processes": len(daemons),
+            "fds of all daemons": sum(proc_count(d, "fds") for d in daemons),
             "plugin children": len(children_of(pid)),
             "node records": len([n for n in os.listdir(self.p.path("node"))
                                  if n.endswith(".json")]),
@@ -301,8 +305,10 @@ def main():
         if k == "plugin RSS (KiB)":
             if after[k] - before[k] > args.rss_slack * 1024:
                 leaks.append(k)
-        elif after[k] != before[k]:
+        elif not k.endswith("*") and after[k] != before[k]:
             leaks.append(k)
+    print("\n*: reported, not judged: each cycle has a new daemon, and what it "
+          "holds\nat a moment depends on when FUSE's releases and forgets arrive")
     if problems:
         leaks.append("after the run: " + "; ".join(problems))
     if leaks:
