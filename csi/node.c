@@ -170,7 +170,11 @@ static int csi_node_volume(struct csi_plugin *p, struct csi_reply *r,
 static int csi_node_state(struct csi_plugin *p, struct csi_reply *r,
 			  struct csi_node_req *nr)
 {
-	int ret = csi_state_load(&p->store, nr->id, &nr->n);
+	int ret;
+
+	/* an inline publish loads it again once staged: the first copy goes */
+	csi_state_free(&nr->n);
+	ret = csi_state_load(&p->store, nr->id, &nr->n);
 
 	if (ret == -ENOENT)
 		return 1;
