@@ -34,6 +34,7 @@ A benchmark, not a test: nothing here asserts a time.
 import argparse
 import ctypes
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -291,6 +292,9 @@ def main():
                 os.rmdir(soak.cgroup)
             except OSError as e:
                 problems.append(f"{soak.cgroup}: {e}")
+        # the store, logs and layer go, unless a mount is still there
+        if not mounts_under(base):
+            shutil.rmtree(base, ignore_errors=True)
     if status:
         return status
     print(f"\n{args.cycles} cycles in {elapsed:.0f} s "
