@@ -304,7 +304,8 @@ static void csi_create_volume(struct csi_plugin *p, const ProtobufCMessage *msg,
 			      req->name, have.id);
 	} else if (ret != -ENOENT) {
 		csi_reply_errno(r, ret, "store");
-	} else if (csi_create_new(p, r, req->name, &want) == 0) {
+	} else if (csi_store_writable(&p->store, r) == 0 &&
+		   csi_create_new(p, r, req->name, &want) == 0) {
 		csi_create_reply(p, r, &want);
 	}
 	pthread_mutex_unlock(&p->store.create_lock);
@@ -362,6 +363,14 @@ static void csi_delete_volume(struct csi_plugin *p, const ProtobufCMessage *msg,
 			csi_reply_errno(r, ret, "checking the volume's workdir");
 		goto out;
 	}
+	/* deleting what is not there writes nothing, and is done */
+	if (faccessat(p->store.volumes_fd, req->volume_id, F_OK, 0) < 0 &&
+	    errno == ENOENT) {
+		csi_reply_ok(r, &out);
+		goto out;
+	}
+	if (csi_store_writable(&p->store, r))
+		goto out;
 	ret = csi_volume_delete(&p->store, req->volume_id);
 	if (ret) {
 		csi_reply_errno(r, ret, "deleting the volume");

@@ -14,6 +14,7 @@
 #ifndef STRATA_CSI_H
 #define STRATA_CSI_H
 
+#include <dirent.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -84,6 +85,23 @@ struct csi_config {
 	/* --allowed-path-prefix: canonical; staging and target paths lie below */
 	char *prefixes[CSI_MAX_PREFIXES];
 	int nprefixes;
+	/* where the daemons run (host.c); NULL: where the plugin runs */
+	char *daemon_mntns;	/* --daemon-mount-namespace */
+	char *daemon_cgroup;	/* --daemon-cgroup */
+	char *daemon_bindir;	/* --daemon-binary-dir */
+};
+
+#define CSI_MAX_CGROUPS 16
+
+/* Where the daemons run, set up once at start (host.c). */
+struct csi_host {
+	int mntns_fd;		/* the namespace the child enters, or -1 */
+	char *exec;		/* what the child executes */
+	char *libdir;		/* the bundle (--daemon-binary-dir): its cwd */
+	char *ldpath;		/* "LD_LIBRARY_PATH=<bundle>", or NULL */
+	int ncgroups;		/* one per cgroup hierarchy, 0: none */
+	char *cgroups[CSI_MAX_CGROUPS];	/* <hierarchy>/<name>, for messages */
+	int cgroup_fds[CSI_MAX_CGROUPS]; /* O_PATH on each */
 };
 
 /* A directory the Node service never mounts on, in or above. */
@@ -116,6 +134,8 @@ struct csi_plugin {
 	struct csi_watch *watch; /* daemons watched through pidfds */
 	struct csi_guard guards[CSI_MAX_GUARDS]; /* the store, the socket's dir */
 	int nguards;
+	struct csi_host host;
+	struct csi_cond *conds;	/* conditions logged (condition.c) */
 };
 
 /*
@@ -308,6 +328,7 @@ int64_t csi_json_int(json_object *o, const char *key);
 int csi_store_open(struct csi_store *s, const char *root);
 void csi_store_close(struct csi_store *s);
 int csi_store_check(struct csi_store *s, char *why, size_t size);
+int csi_store_writable(struct csi_store *s, struct csi_reply *r);
 int64_t csi_store_free(struct csi_store *s);
 bool csi_store_full(struct csi_store *s);
 int csi_volume_new_id(char id[CSI_VOLUME_ID_LEN + 1]);
@@ -375,6 +396,25 @@ int csi_daemon_stop(struct csi_plugin *p, struct csi_node_vol *n);
 void csi_daemon_kill(struct csi_node_vol *n);
 bool csi_daemon_alive(const struct csi_node_vol *n);
 unsigned long long csi_daemon_starttime(pid_t pid);
+
+/* host.c, bundle.c, cgroup.c: where the daemons run */
+int csi_host_init(struct csi_plugin *p);
+int csi_child_run(int (*fn)(void *arg, int wfd), void *arg, void *out,
+		  size_t size, size_t *len);
+DIR *csi_opendir_at(int dirfd, const char *name);
+void csi_host_free(struct csi_host *h);
+int csi_bundle_prepare(struct csi_plugin *p, char *why, size_t size);
+int csi_cgroup_init(struct csi_plugin *p, char *why, size_t size);
+int csi_cgroup_open(struct csi_plugin *p, const char *name, int *fds,
+		    char *why, size_t size);
+int csi_cgroup_join(const int *fds, int n, int *failed);
+void csi_cgroup_remove(struct csi_plugin *p, const char *name);
+void csi_cgroup_sweep(struct csi_plugin *p);
+void csi_cgroup_free(struct csi_host *h);
+
+/* condition.c: abnormal conditions of staged volumes, logged */
+void csi_condition_check(struct csi_plugin *p, const char *id, unsigned round);
+void csi_condition_prune(struct csi_plugin *p, unsigned round);
 
 /* metrics.c */
 enum csi_event {

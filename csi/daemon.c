@@ -1,13 +1,16 @@
 /*
  * The stratafs daemons: one per staged volume, started in a session of
  * its own so that it outlives the plugin (a plugin upgrade must not take
- * the pods' volumes down), told apart from a reused pid by its start
- * time, and stopped by unmounting first, so that it exits on its own
- * with its data flushed.
+ * the pods' volumes down), and, as the options ask, in another mount
+ * namespace, cgroups of its own and from a copied binary (host.c), so
+ * that it outlives the plugin's container too; told apart from a reused
+ * pid by its start time, and stopped by unmounting first, so that it
+ * exits on its own with its data flushed.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +21,8 @@
 #include <unistd.h>
 
 #include "csi.h"
+
+extern char **environ;
 
 #define CSI_STOP_TIMEOUT_MS 5000
 
@@ -85,27 +90,139 @@ static void csi_daemon_log_tail(int fd, off_t from, char *why, size_t size,
 
 struct csi_spawn {
 	char *argv[8];
+	char **envp;		/* the plugin's, and a bundle's library path */
 	int logfd;
 	int nullfd;
 	int nfds;
-	int fds[CSI_MAX_LAYERS];
+	int fds[CSI_MAX_LAYERS + 1];
+	int nprocs;
+	int procs[CSI_MAX_CGROUPS]; /* cgroup.procs of the volume's cgroups */
+	int errpipe[2];		/* the child's last words if it never execs */
 };
 
+/* What the child reports when it cannot become the daemon. */
+struct csi_child_err {
+	int step;
+	int err;
+	int cgroup;		/* CSI_STEP_CGROUP: which one */
+};
+
+enum { CSI_STEP_CGROUP = 1, CSI_STEP_MNTNS, CSI_STEP_CHDIR, CSI_STEP_EXEC };
+
 /* Between fork and exec only async-signal-safe calls. */
-static void csi_daemon_child(const struct csi_spawn *sp, const char *bin)
+static void csi_daemon_child(const struct csi_spawn *sp,
+			     const struct csi_host *h)
 {
+	struct csi_child_err e = { 0 };
 	sigset_t none;
 
 	sigemptyset(&none);
 	sigprocmask(SIG_SETMASK, &none, NULL);
 	setsid();
+	/* out of the plugin's cgroup before it is the daemon: no window */
+	e.err = csi_cgroup_join(sp->procs, sp->nprocs, &e.cgroup);
+	if (e.err) {
+		e.step = CSI_STEP_CGROUP;
+		goto fail;
+	}
+	if (h->mntns_fd >= 0 && setns(h->mntns_fd, CLONE_NEWNS) < 0) {
+		e.step = CSI_STEP_MNTNS;
+		e.err = -errno;
+		goto fail;
+	}
+	/* a bundle's binary names its interpreter relative to the bundle */
+	if (h->libdir && chdir(h->libdir) < 0) {
+		e.step = CSI_STEP_CHDIR;
+		e.err = -errno;
+		goto fail;
+	}
 	for (int i = 0; i < sp->nfds; i++)
 		fcntl(sp->fds[i], F_SETFD, 0);
 	dup2(sp->nullfd, 0);
 	dup2(sp->logfd, 1);
 	dup2(sp->logfd, 2);
-	execv(bin, sp->argv);
+	execve(h->exec, sp->argv, sp->envp);
+	e.step = CSI_STEP_EXEC;
+	e.err = -errno;
+fail:
+	if (write(sp->errpipe[1], &e, sizeof(e)) < 0)
+		_exit(126);
 	_exit(127);
+}
+
+/*
+ * The daemon's environment: the plugin's, with a bundle's library path in
+ * place of any LD_LIBRARY_PATH of its own. Built before the fork: the
+ * child may not allocate.
+ */
+static int csi_daemon_env(const struct csi_host *h, struct csi_spawn *sp)
+{
+	size_t n = 0, j = 0;
+
+	sp->envp = environ;
+	if (!h->ldpath)
+		return 0;
+	while (environ[n])
+		n++;
+	sp->envp = calloc(n + 2, sizeof(char *));
+	if (!sp->envp)
+		return -ENOMEM;
+	for (size_t i = 0; i < n; i++)
+		if (strncmp(environ[i], "LD_LIBRARY_PATH=", 16))
+			sp->envp[j++] = environ[i];
+	sp->envp[j] = h->ldpath;
+	return 0;
+}
+
+/*
+ * Forks the child and waits until it has executed the daemon, or told
+ * why it could not: nothing is half started. Returns the pid, or -errno
+ * with `why` set.
+ */
+static pid_t csi_daemon_fork(struct csi_plugin *p, struct csi_spawn *sp,
+			     const char *id, char *why, size_t size)
+{
+	const struct csi_host *h = &p->host;
+	struct csi_child_err e;
+	ssize_t n;
+	pid_t pid;
+	int err;
+
+	if (pipe2(sp->errpipe, O_CLOEXEC) < 0) {
+		err = errno;
+		snprintf(why, size, "pipe: %s", strerror(err));
+		return -err;
+	}
+	pid = fork();
+	err = errno;
+	if (pid == 0)
+		csi_daemon_child(sp, h);
+	close(sp->errpipe[1]);
+	if (pid < 0) {
+		snprintf(why, size, "fork: %s", strerror(err));
+		close(sp->errpipe[0]);
+		return -err;
+	}
+	do
+		n = read(sp->errpipe[0], &e, sizeof(e));
+	while (n < 0 && errno == EINTR);
+	close(sp->errpipe[0]);
+	if (n != sizeof(e))
+		return pid;	/* the pipe closed on exec */
+	waitpid(pid, NULL, 0);
+	if (e.step == CSI_STEP_CGROUP)
+		snprintf(why, size, "stratafs for volume %s could not join the cgroup %s/%s: %s",
+			 id, h->cgroups[e.cgroup], id, strerror(-e.err));
+	else if (e.step == CSI_STEP_MNTNS)
+		snprintf(why, size, "stratafs for volume %s could not enter the mount namespace %s: %s",
+			 id, p->cfg.daemon_mntns, strerror(-e.err));
+	else if (e.step == CSI_STEP_CHDIR)
+		snprintf(why, size, "stratafs for volume %s could not enter its binary directory %s: %s",
+			 id, h->libdir, strerror(-e.err));
+	else
+		snprintf(why, size, "stratafs for volume %s could not be executed (%s): %s",
+			 id, h->exec, strerror(-e.err));
+	return -EIO;
 }
 
 static int csi_daemon_opts(struct csi_plugin *p, const struct csi_volume *v,
@@ -206,6 +323,12 @@ int csi_daemon_start(struct csi_plugin *p, const struct csi_volume *v,
 			 logname, strerror(errno));
 		goto out;
 	}
+	if (p->host.ncgroups) {
+		ret = csi_cgroup_open(p, v->id, sp.procs, why, size);
+		if (ret)
+			goto out;
+		sp.nprocs = p->host.ncgroups;
+	}
 	snprintf(source, sizeof(source), "strata:%s", v->id);
 	ret = csi_mnt_fuse(source, &fusefd, mntfd);
 	if (ret) {
@@ -215,26 +338,27 @@ int csi_daemon_start(struct csi_plugin *p, const struct csi_volume *v,
 	}
 	sp.fds[sp.nfds++] = fusefd;
 	snprintf(fuse_arg, sizeof(fuse_arg), "/dev/fd/%d", fusefd);
-	dprintf(sp.logfd, "strata-csi: starting stratafs for %s\n", n->staging);
-	from = lseek(sp.logfd, 0, SEEK_END);
+	ret = csi_daemon_env(&p->host, &sp);
+	if (ret) {
+		snprintf(why, size, "%s", strerror(-ret));
+		goto out;
+	}
 	sp.argv[0] = "stratafs";
 	sp.argv[1] = "-f";
 	sp.argv[2] = "-o";
 	sp.argv[3] = opts;
 	sp.argv[4] = fuse_arg;
 	sp.argv[5] = NULL;
-
-	pid = fork();
-	if (pid < 0) {
-		ret = -errno;
-		snprintf(why, size, "fork: %s", strerror(errno));
-		goto out;
-	}
-	if (pid == 0)
-		csi_daemon_child(&sp, p->cfg.stratafs);
+	dprintf(sp.logfd, "strata-csi: starting stratafs for %s\n", n->staging);
+	from = lseek(sp.logfd, 0, SEEK_END);
+	pid = csi_daemon_fork(p, &sp, v->id, why, size);
 	/* the daemon's copy must be the connection's last: see csi_daemon_ready */
 	close(fusefd);
 	sp.nfds--;
+	if (pid < 0) {
+		ret = pid;
+		goto out;
+	}
 	ret = csi_daemon_ready(p, *mntfd, pid, sp.logfd, from, why, size);
 	if (ret) {
 		waitpid(pid, NULL, 0);
@@ -250,10 +374,16 @@ out:
 	}
 	for (int i = 0; i < sp.nfds; i++)
 		close(sp.fds[i]);
+	for (int i = 0; i < sp.nprocs; i++)
+		close(sp.procs[i]);
+	if (ret && sp.nprocs)
+		csi_cgroup_remove(p, v->id);
 	if (sp.logfd >= 0)
 		close(sp.logfd);
 	if (sp.nullfd >= 0)
 		close(sp.nullfd);
+	if (sp.envp != environ)
+		free(sp.envp);
 	free(opts);
 	return ret;
 }
@@ -328,6 +458,8 @@ out_reap:
 int csi_daemon_stop(struct csi_plugin *p, struct csi_node_vol *n)
 {
 	csi_daemon_end(n, CSI_STOP_TIMEOUT_MS);
+	if (p->host.ncgroups)
+		csi_cgroup_remove(p, n->id);
 	return 0;
 }
 

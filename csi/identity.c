@@ -72,10 +72,10 @@ static void csi_probe(struct csi_plugin *p, const ProtobufCMessage *req,
 		csi_reply_set(r, CSI_FAILED_PRECONDITION, "%s", why);
 		return;
 	}
-	if (access(p->cfg.stratafs, X_OK) < 0) {
+	if (access(p->host.exec, X_OK) < 0) {
 		csi_reply_set(r, CSI_FAILED_PRECONDITION,
 			      "the stratafs daemon %s is unusable: %s",
-			      p->cfg.stratafs, strerror(errno));
+			      p->host.exec, strerror(errno));
 		return;
 	}
 	if (!out || !ready) {

@@ -276,6 +276,8 @@ static int csi_node_start(struct csi_plugin *p, struct csi_reply *r,
 	char why[512];
 	bool created;
 
+	if (csi_store_writable(&p->store, r))
+		return -EROFS;
 	if (p->cfg.max_volumes && csi_count_staged(p) >= p->cfg.max_volumes) {
 		csi_reply_set(r, CSI_RESOURCE_EXHAUSTED,
 			      "this node already has %lld staged volumes (--max-volumes)",
@@ -373,6 +375,10 @@ static int csi_node_ensure(struct csi_plugin *p, struct csi_reply *r,
 			      nr->id, nr->n.staging);
 		return -EBUSY;
 	}
+	/* a heal writes: a store it cannot write fails the call first */
+	ret = csi_store_writable(&p->store, r);
+	if (ret)
+		return ret;
 	ret = csi_heal(p, &nr->v, &nr->n, why, sizeof(why));
 	if (ret)
 		csi_reply_set(r, CSI_INTERNAL, "%s", why);
@@ -510,6 +516,8 @@ static void csi_node_unstage(struct csi_plugin *p, const ProtobufCMessage *msg,
 			      nr.id, nr.n.targets[0].path);
 		goto out;
 	}
+	if (csi_store_writable(&p->store, r))
+		goto out;
 	ret = csi_node_teardown(p, r, &nr.n, &nr.path);
 	if (ret < 0)
 		goto out;
@@ -586,6 +594,9 @@ static int csi_ephemeral_volume(struct csi_plugin *p, struct csi_reply *r,
 	}
 	if (ret)
 		goto out;
+	ret = csi_store_writable(&p->store, r);
+	if (ret)
+		goto out_unlock;
 	v->passthrough = passthrough;
 	v->ephemeral = true;
 	v->name = strdup(req->volume_id);
@@ -881,7 +892,7 @@ static void csi_node_publish(struct csi_plugin *p, const ProtobufCMessage *msg,
 	}
 	if (nr.n.ntargets && csi_publish_another(r, &nr))
 		goto out_eph;
-	if (csi_node_ensure(p, r, &nr) ||
+	if (csi_store_writable(&p->store, r) || csi_node_ensure(p, r, &nr) ||
 	    csi_publish_bind(p, r, &nr, ro, made_before))
 		goto out_eph;
 	csi_reply_ok(r, (void *)&csi_publish_out);
@@ -968,6 +979,8 @@ static void csi_node_unpublish(struct csi_plugin *p, const ProtobufCMessage *msg
 		csi_reply_ok(r, (void *)&csi_unpublish_out);
 		goto out;
 	}
+	if (csi_store_writable(&p->store, r))
+		goto out;
 	ret = csi_node_detach(&nr.path, &t->mnt);
 	if (ret < 0) {
 		csi_reply_errno(r, ret, "unmounting the target");

@@ -291,17 +291,99 @@ out_leave:
 	csi_busy_leave(&p->store, id);
 }
 
+/*
+ * A mount recorded by a plugin that ran in another mount namespace (the
+ * container of a plugin that was restarted) is seen here as a copy with
+ * an id of its own: the recorded id names a mount of a namespace that is
+ * gone. The copy is the same superblock, the connection of the daemon
+ * that still serves it, so it is known by its device: the record takes
+ * the copy's id, and the daemon is adopted rather than healed.
+ */
+static bool csi_adopt_mnt(const char *id, const char *path,
+			  struct csi_mnt *m)
+{
+	struct csi_path pp;
+	struct csi_mnt top;
+	char why[512];
+	bool root = false;
+	int fd;
+
+	if (!m->id || csi_mnt_exists(m) == 0 ||
+	    csi_path_resolve(NULL, path, &pp, why, sizeof(why)))
+		return false;
+	fd = csi_path_open(&pp, false, NULL);
+	csi_path_release(&pp);
+	if (fd < 0)
+		return false;
+	if (csi_mnt_of(fd, &top, &root) || !root || top.dev != m->dev)
+		root = false;
+	close(fd);
+	if (!root)
+		return false;
+	strata_info("volume %s: the mount at %s was made in another mount namespace: adopted as mount %llu",
+		    id, path, (unsigned long long)top.id);
+	m->id = top.id;
+	return true;
+}
+
+static void csi_adopt_one(struct csi_plugin *p, const char *id)
+{
+	struct csi_node_vol n;
+	bool changed;
+	int ret;
+
+	if (csi_busy_enter(&p->store, id))
+		return;
+	if (csi_state_load(&p->store, id, &n))
+		goto out_leave;
+	if (!csi_daemon_alive(&n))
+		goto out_state;
+	changed = csi_adopt_mnt(id, n.staging, &n.mnt);
+	for (int i = 0; i < n.ntargets; i++)
+		changed |= csi_adopt_mnt(id, n.targets[i].path, &n.targets[i].mnt);
+	ret = changed ? csi_state_save(&p->store, &n) : 0;
+	if (ret)
+		strata_err("volume %s: saving the node record: %s", id,
+			   strerror(-ret));
+out_state:
+	csi_state_free(&n);
+out_leave:
+	csi_busy_leave(&p->store, id);
+}
+
+/* At start: the daemons a previous plugin left, found again. */
+static void csi_adopt(struct csi_plugin *p)
+{
+	char **ids;
+	int n;
+
+	if (csi_state_list(&p->store, &ids, &n))
+		return;
+	for (int i = 0; i < n; i++)
+		csi_adopt_one(p, ids[i]);
+	csi_free_strv(ids, n);
+}
+
 int csi_reconcile(struct csi_plugin *p)
 {
+	static unsigned round; /* the watcher's thread alone runs this */
 	char **ids;
 	int n, ret;
 
 	ret = csi_state_list(&p->store, &ids, &n);
 	if (ret)
 		return ret;
-	for (int i = 0; i < n; i++)
+	/* round 0 is never a check's: csi_watch_stop forgets with it */
+	if (++round == 0)
+		round = 1;
+	for (int i = 0; i < n; i++) {
 		csi_reconcile_one(p, ids[i]);
+		csi_condition_check(p, ids[i], round);
+	}
+	csi_condition_prune(p, round);
 	csi_free_strv(ids, n);
+	if (p->host.ncgroups)
+		csi_cgroup_sweep(p);
 	return 0;
 }
 
@@ -311,6 +393,7 @@ static void *csi_watch_main(void *arg)
 	struct csi_watch *w = p->watch;
 
 	/* what the previous plugin left staged is checked before Probe says ready */
+	csi_adopt(p);
 	csi_reconcile(p);
 	__atomic_store_n(&p->ready, 1, __ATOMIC_RELEASE);
 	strata_info("ready");
@@ -364,6 +447,7 @@ void csi_watch_stop(struct csi_plugin *p)
 	pthread_cond_signal(&w->cond);
 	pthread_mutex_unlock(&w->lock);
 	pthread_join(w->thread, NULL);
+	csi_condition_prune(p, 0);
 	pthread_cond_destroy(&w->cond);
 	pthread_mutex_destroy(&w->lock);
 	free(w);

@@ -105,8 +105,12 @@ int csi_store_open(struct csi_store *s, const char *root)
 		ret = -errno;
 		goto out;
 	}
-	/* Two plugins on one store would undo each other's work. */
-	s->lock_fd = openat(s->root_fd, ".lock", O_RDWR | O_CREAT | O_CLOEXEC,
+	/*
+	 * Two plugins on one store would undo each other's work. Read-only:
+	 * flock needs no more, and a file held open for writing would keep
+	 * the store's filesystem from being remounted read-only.
+	 */
+	s->lock_fd = openat(s->root_fd, ".lock", O_RDONLY | O_CREAT | O_CLOEXEC,
 			    0600);
 	if (s->lock_fd < 0) {
 		ret = -errno;
@@ -157,6 +161,34 @@ int csi_store_check(struct csi_store *s, char *why, size_t size)
 
 			snprintf(why, size, "store %s/%s is unusable: %s",
 				 s->root, dirs[i], strerror(err));
+			return -err;
+		}
+	return 0;
+}
+
+/*
+ * Before a call changes anything: a store it cannot write fails the call
+ * at once, whole, with a status that names the problem, rather than
+ * halfway through (a mount made and its record not saved).
+ */
+int csi_store_writable(struct csi_store *s, struct csi_reply *r)
+{
+	const char *dirs[] = { "volumes", "node" };
+	struct statvfs st;
+
+	if (fstatvfs(s->root_fd, &st) == 0 && (st.f_flag & ST_RDONLY)) {
+		csi_reply_set(r, CSI_FAILED_PRECONDITION,
+			      "the store %s is on a read-only filesystem: nothing was changed; retry once it is writable",
+			      s->root);
+		return -EROFS;
+	}
+	for (size_t i = 0; i < sizeof(dirs) / sizeof(dirs[0]); i++)
+		if (faccessat(s->root_fd, dirs[i], W_OK | X_OK, 0) < 0) {
+			int err = errno;
+
+			csi_reply_set(r, CSI_FAILED_PRECONDITION,
+				      "the store's %s/%s is not writable (%s): nothing was changed",
+				      s->root, dirs[i], strerror(err));
 			return -err;
 		}
 	return 0;

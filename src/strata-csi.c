@@ -42,6 +42,15 @@ static void csi_usage(FILE *f)
 		"  --allowed-path-prefix DIR\n"
 		"                       staging and target paths must lie below DIR\n"
 		"                       (repeatable; the kubelet directory)\n"
+		"  --daemon-mount-namespace NS\n"
+		"                       start daemons in the mount namespace NS\n"
+		"                       (/proc/1/ns/mnt: the host's, with hostPID)\n"
+		"  --daemon-cgroup DIR  start each daemon in a cgroup DIR/<volume id>\n"
+		"                       (in every hierarchy below DIR's parent when\n"
+		"                       that is a directory of v1 hierarchies)\n"
+		"  --daemon-binary-dir DIR\n"
+		"                       copy stratafs and its libraries into DIR and\n"
+		"                       start daemons from the copy\n"
 		"  --version            print the version and exit\n"
 		"  --help               print this help and exit\n",
 		CSI_DEFAULT_ROOT, CSI_DEFAULT_DRIVER);
@@ -165,6 +174,27 @@ static char *csi_find_stratafs(void)
 	return strdup("/usr/bin/stratafs");
 }
 
+/* The options that say where daemons run take absolute paths. */
+static int csi_check_daemon_paths(const struct csi_config *c)
+{
+	const struct {
+		const char *opt;
+		const char *value;
+	} paths[] = {
+		{ "--daemon-mount-namespace", c->daemon_mntns },
+		{ "--daemon-cgroup", c->daemon_cgroup },
+		{ "--daemon-binary-dir", c->daemon_bindir },
+	};
+
+	for (size_t i = 0; i < sizeof(paths) / sizeof(paths[0]); i++)
+		if (paths[i].value && paths[i].value[0] != '/') {
+			fprintf(stderr, "strata-csi: %s takes an absolute path, not '%s'\n",
+				paths[i].opt, paths[i].value);
+			return -EINVAL;
+		}
+	return 0;
+}
+
 static int csi_parse_args(int argc, char **argv, struct csi_config *c,
 			  bool *json)
 {
@@ -179,6 +209,9 @@ static int csi_parse_args(int argc, char **argv, struct csi_config *c,
 		{ "log-format", required_argument, NULL, 'l' },
 		{ "metrics-address", required_argument, NULL, 'M' },
 		{ "allowed-path-prefix", required_argument, NULL, 'P' },
+		{ "daemon-mount-namespace", required_argument, NULL, 'N' },
+		{ "daemon-cgroup", required_argument, NULL, 'C' },
+		{ "daemon-binary-dir", required_argument, NULL, 'B' },
 		{ "version", no_argument, NULL, 'V' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
@@ -194,7 +227,8 @@ static int csi_parse_args(int argc, char **argv, struct csi_config *c,
 	} strs[] = {
 		{ 'n', &c->node_id },	  { 'r', &c->root },
 		{ 'd', &c->driver_name }, { 's', &c->stratafs },
-		{ 'M', &c->metrics_address },
+		{ 'M', &c->metrics_address },	{ 'N', &c->daemon_mntns },
+		{ 'C', &c->daemon_cgroup },	{ 'B', &c->daemon_bindir },
 	};
 
 	c->modes = CSI_MODE_NODE | CSI_MODE_CONTROLLER;
@@ -270,7 +304,8 @@ static int csi_parse_args(int argc, char **argv, struct csi_config *c,
 		csi_usage(stderr);
 		return 2;
 	}
-	if (csi_parse_endpoint(c, endpoint) || csi_resolve_prefixes(c))
+	if (csi_parse_endpoint(c, endpoint) || csi_resolve_prefixes(c) ||
+	    csi_check_daemon_paths(c))
 		return 2;
 	if (!c->root)
 		c->root = strdup(CSI_DEFAULT_ROOT);
@@ -313,6 +348,9 @@ static void csi_config_free(struct csi_config *c)
 	free(c->driver_name);
 	free(c->stratafs);
 	free(c->metrics_address);
+	free(c->daemon_mntns);
+	free(c->daemon_cgroup);
+	free(c->daemon_bindir);
 	for (int i = 0; i < c->nprefixes; i++)
 		free(c->prefixes[i]);
 }
@@ -372,6 +410,11 @@ int main(int argc, char **argv)
 		ret = 1;
 		goto out_store;
 	}
+	/* before any thread: the checks fork, and enter namespaces there */
+	if (csi_host_init(&p)) {
+		ret = 1;
+		goto out_host;
+	}
 	/* every thread started from here on (gRPC's too) inherits the mask */
 	sigemptyset(&stop);
 	sigaddset(&stop, SIGTERM);
@@ -383,7 +426,7 @@ int main(int argc, char **argv)
 	ret = csi_server_start(&p, &srv);
 	if (ret) {
 		ret = 1;
-		goto out_store;
+		goto out_host;
 	}
 	ret = csi_metrics_start(&p, p.cfg.metrics_address);
 	if (ret) {
@@ -404,6 +447,8 @@ int main(int argc, char **argv)
 out_server:
 	csi_server_stop(srv);
 	unlink(p.cfg.socket_path);
+out_host:
+	csi_host_free(&p.host);
 out_store:
 	csi_guards_free(&p);
 	csi_store_close(&p.store);

@@ -1,11 +1,20 @@
 """The store under faults: a full filesystem while the plugin writes its
-records, and records damaged on disk. Each gets a clear status, nothing
-half made is left behind, and the plugin goes on serving."""
+records, records damaged on disk, a lower layer removed under a staged
+volume, and the store turned read-only. Each gets a clear status (or,
+for the layer, a clear line in the log), nothing half made is left
+behind, and the plugin goes on serving."""
 
 import errno
 import os
+import shutil
+import signal
+import subprocess
+import time
 
-from csitest import Kubelet, STRATAFS_FSTYPE, cap, is_mounted, mounts_under
+import pytest
+
+from csitest import (EPH, Kubelet, STRATAFS_FSTYPE, answers, cap, daemons_of,
+                     is_mounted, mounts_under, poll, write_file)
 
 LAYERS = {"base": {"lower.txt": "from the lower layer\n"}}
 
@@ -130,3 +139,165 @@ def test_delete_refused_while_a_daemon_serves_the_volume(env, strata, kubelet, c
     assert r.code == "FAILED_PRECONDITION" and "still served" in r.details, r
     assert os.path.isdir(strata.path("volumes", vid, "upper"))
     assert is_mounted(st, STRATAFS_FSTYPE)
+
+
+def count(text, needle):
+    return text.count(needle)
+
+
+@pytest.mark.timeout(120)
+def test_lower_layer_removed_while_staged(env):
+    """A layer removed, or renamed away, under a staged volume: calls on
+    its files fail, nothing crashes, and the plugin logs the condition
+    once, and once more when it ends. (The CSI VolumeCondition that would
+    report it to the CO comes with issue 13.)"""
+    p = env.plugin(root=env.new_root("root", layers={
+        "top": {"seen.txt": "seen\n", "unseen.txt": "unseen\n",
+                "sub/deep.txt": "deep\n"},
+        "base": {"lower.txt": "from the lower layer\n"}}))
+    k = Kubelet(env, p)
+    both, plain, later = (k.create("both", layers="top,base"),
+                          k.create("plain", layers="base"),
+                          k.create("later", layers="top"))
+    tb = k.publish(both, k.stage(both, env.staging("both")), env.target("both"))
+    tp = k.publish(plain, k.stage(plain, env.staging("plain")), env.target("plain"))
+    assert open(os.path.join(tb, "seen.txt")).read() == "seen\n"
+    pid = p.daemon_pid(both)
+
+    shutil.rmtree(p.path("layers", "top"))
+    abnormal = f"volume {both} is abnormal: its lower layer 'top' was removed"
+    poll(lambda: abnormal in p.log(), 10, what="the condition in the log")
+    with pytest.raises(OSError) as e:
+        open(os.path.join(tb, "unseen.txt")).read()
+    assert e.value.errno == errno.ENOENT, e.value
+    with pytest.raises(OSError):
+        os.listdir(os.path.join(tb, "sub"))
+    # what is not the layer's still works: the base, and writes
+    assert open(os.path.join(tb, "lower.txt")).read() == "from the lower layer\n"
+    write_file(os.path.join(tb, "new.txt"), "written after\n")
+    assert open(os.path.join(tb, "new.txt")).read() == "written after\n"
+    assert p.daemon_pid(both) == pid and answers(tb)
+    # logged once, not every round; the other volume is well
+    time.sleep(2.5)
+    assert count(p.log(), abnormal) == 1, p.log()
+    assert f"volume {plain} is abnormal" not in p.log()
+    # a volume over the missing layer is not staged
+    r = p.csi.NodeStageVolume(volume_id=later, staging_target_path=env.staging("later"),
+                              volume_capability=cap())
+    assert r.code == "FAILED_PRECONDITION" and "layer 'top'" in r.details, r
+
+    # renamed away: the daemon keeps serving what it was given
+    os.rename(p.path("layers", "base"), p.path("layers", "base.old"))
+    gone = f"volume {plain} is abnormal: its lower layer 'base' is gone from"
+    poll(lambda: gone in p.log(), 10, what="the rename in the log")
+    assert open(os.path.join(tp, "lower.txt")).read() == "from the lower layer\n"
+    os.rename(p.path("layers", "base.old"), p.path("layers", "base"))
+    poll(lambda: f"volume {plain}: its lower layers are as they were staged again"
+         in p.log(), 10, what="the end of the condition in the log")
+    assert count(p.log(), gone) == 1
+
+    for vid, tgt in ((both, tb), (plain, tp)):
+        k.unpublish(vid, tgt)
+        k.unstage(vid, env.staging("both" if vid == both else "plain"))
+    poll(lambda: not daemons_of(p.root), 10, what="the daemons to exit")
+    assert [m for m in mounts_under(env.base) if m["fstype"] == STRATAFS_FSTYPE] == []
+
+
+def remount_ro_killing_daemons(p):
+    """The store's tmpfs read-only. A daemon holds its log and statistics
+    files open for writing, and the kernel refuses to make a filesystem
+    read-only under such files: the daemons are killed (the watcher's
+    heals restart them, and are killed too) until the remount succeeds."""
+    for _ in range(200):
+        for pid in daemons_of(p.root):
+            os.kill(pid, signal.SIGKILL)
+        if subprocess.run(["mount", "-o", "remount,ro", p.root],
+                          stderr=subprocess.DEVNULL).returncode == 0:
+            return
+        time.sleep(0.05)
+    holders = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                t = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if t.startswith(p.root):
+                    flags = open(f"/proc/{pid}/fdinfo/{fd}").read().split()[3]
+                    holders.append((pid, t, flags))
+            for line in open(f"/proc/{pid}/maps"):
+                if p.root in line:
+                    holders.append((pid, line.strip()))
+        except OSError:
+            pass
+    raise AssertionError(f"{p.root} could not be made read-only: {holders}")
+
+
+@pytest.mark.timeout(120)
+def test_read_only_store(env):
+    """The store turned read-only under a running plugin, whose daemons
+    died: every call that must write (a heal too) answers
+    FAILED_PRECONDITION naming the store, and changes nothing; once it is
+    writable again, the volumes are healed and all works."""
+    p = env.plugin(root=env.tmpfs_root(size="64m", layers=LAYERS))
+    k = Kubelet(env, p)
+    pub, staged, cold = k.create("pub"), k.create("staged"), k.create("cold")
+    st_pub = k.stage(pub, env.staging("pub"))
+    tgt = k.publish(pub, st_pub, env.target("pub"))
+    write_file(os.path.join(tgt, "kept"), "before\n")
+    st_staged = k.stage(staged, env.staging("staged"))
+    before = (store_entries(p), sorted(m["mountpoint"] for m in mounts_under(env.base)))
+    remount_ro_killing_daemons(p)
+    try:
+        r = p.csi.Probe()
+        assert r.code == "FAILED_PRECONDITION" and "Read-only" in r.details, r
+        calls = [
+            ("CreateVolume", dict(name="new", volume_capabilities=[cap()],
+                                  parameters={"layers": "base"})),
+            ("DeleteVolume", dict(volume_id=cold)),
+            ("NodeStageVolume", dict(volume_id=cold, volume_capability=cap(),
+                                     staging_target_path=env.staging("cold"))),
+            # staged already, but its daemon is dead: a heal would write
+            ("NodeStageVolume", dict(volume_id=pub, volume_capability=cap(),
+                                     staging_target_path=st_pub)),
+            ("NodePublishVolume", dict(volume_id=staged, volume_capability=cap(),
+                                       staging_target_path=st_staged,
+                                       target_path=env.target("staged"))),
+            ("NodePublishVolume", dict(volume_id="csi-" + "ab" * 16,
+                                       volume_capability=cap(),
+                                       target_path=env.target("inline"),
+                                       volume_context={EPH: "true"})),
+            ("NodeUnpublishVolume", dict(volume_id=pub, target_path=tgt)),
+            ("NodeUnstageVolume", dict(volume_id=staged,
+                                       staging_target_path=st_staged)),
+        ]
+        for method, kw in calls:
+            r = p.csi.call(method, **kw)
+            assert r.code == "FAILED_PRECONDITION", (method, r)
+            assert f"the store {p.root} is on a read-only filesystem" in r.details, \
+                (method, r)
+            assert "nothing was changed" in r.details, (method, r)
+        # deleting what is not there writes nothing: done
+        assert p.csi.DeleteVolume(volume_id="sv-" + "0" * 32).code == "OK"
+        # the watcher's heals fail too, and say why
+        poll(lambda: "healing failed" in p.log() and "Read-only" in p.log(), 10,
+             what="the failed heal in the log")
+        after = (store_entries(p), sorted(m["mountpoint"] for m in mounts_under(env.base)))
+        assert after == before, "a call changed something on a read-only store"
+        assert not os.path.exists(env.target("staged"))
+        assert not os.path.exists(env.target("inline"))
+        assert daemons_of(p.root) == []
+    finally:
+        subprocess.run(["mount", "-o", "remount,rw", p.root], check=True)
+    assert p.csi.Probe().code == "OK"
+    poll(lambda: answers(tgt), 20, what="the heal once the store is writable")
+    assert open(os.path.join(tgt, "kept")).read() == "before\n"
+    tgt2 = k.publish(staged, st_staged, env.target("staged"))
+    write_file(os.path.join(tgt2, "f"), "writable again\n")
+    k.unpublish(staged, tgt2)
+    k.unpublish(pub, tgt)
+    k.unstage(staged, st_staged)
+    k.unstage(pub, st_pub)
+    for vid in (pub, staged, cold):
+        k.delete(vid)
+    assert [n for n in store_entries(p) if not n.endswith(".log")] == []

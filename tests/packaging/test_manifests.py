@@ -266,6 +266,19 @@ def check_plugin_args(docs, spec):
     def mounted_dir(path):
         return path in mount_paths
 
+    def host_path_of(path):
+        """Where `path` inside the container is on the host: below the
+        deepest hostPath volume mounted over it, or None."""
+        best = None
+        for mp in mount_paths:
+            if path == mp or path.startswith(mp.rstrip("/") + "/"):
+                if best is None or len(mp) > len(best):
+                    best = mp
+        hp = vols.get(mount_paths.get(best), {}).get("hostPath", {}).get("path")
+        if best is None or hp is None:
+            return None
+        return hp + path[len(best):]
+
     seen = set()
     for name, value, i in flags:
         if name in seen and name != "--allowed-path-prefix":
@@ -324,9 +337,46 @@ def check_plugin_args(docs, spec):
             if m.get("mountPropagation") != "Bidirectional":
                 problems.append(f"--allowed-path-prefix {value!r}: not kubelet's "
                                 "directory (a Bidirectional mount)")
+        elif name == "--daemon-mount-namespace":
+            # the host's init: pid 1 is the pod's own without hostPID
+            if value != "/proc/1/ns/mnt":
+                problems.append(f"--daemon-mount-namespace {value!r}: want "
+                                "/proc/1/ns/mnt, the host's")
+            elif not ds["spec"]["template"]["spec"].get("hostPID"):
+                problems.append("--daemon-mount-namespace without hostPID: "
+                                "/proc/1 is the pod's own init")
+        elif name == "--daemon-cgroup":
+            parent = os.path.dirname(value or "")
+            if not (value or "").startswith("/") or \
+                    os.path.basename(value) in ("", ".", "..") or \
+                    host_path_of(parent) != "/sys/fs/cgroup":
+                problems.append(f"--daemon-cgroup {value!r}: want DIR/NAME, "
+                                "DIR a mount of the host's /sys/fs/cgroup")
+        elif name == "--daemon-binary-dir":
+            # daemons in the host's namespace run it by this very path
+            if not (value or "").startswith("/") or host_path_of(value) != value:
+                problems.append(f"--daemon-binary-dir {value!r}: not at the "
+                                "same path on the host")
         elif name in spec:
             problems.append(f"{name}: the binary takes it, but this test has "
                             "no rule for its value yet: add one")
+    for needed in ("--daemon-mount-namespace", "--daemon-cgroup",
+                   "--daemon-binary-dir"):
+        if needed not in seen:
+            problems.append(f"{needed} missing: the daemons would die with "
+                            "the plugin's container")
+    if "--daemon-mount-namespace" in seen:
+        # daemons in the host's namespace open the store by its path, and
+        # inline volumes' mounts below it must reach the host
+        root = next((v for n, v, _ in flags if n == "--root"), "/var/lib/strata")
+        if host_path_of(root) != root:
+            problems.append(f"--root {root!r}: not at the same path on the "
+                            "host, where the daemons open it")
+        eph = root + "/ephemeral"
+        em = mnts.get(mount_paths.get(eph), {})
+        if host_path_of(eph) != eph or em.get("mountPropagation") != "Bidirectional":
+            problems.append(f"{eph}: inline volumes are staged there; mount "
+                            "it at the same path, Bidirectional")
     if "--allowed-path-prefix" not in seen:
         problems.append("--allowed-path-prefix missing: staging and target "
                         "paths must be confined to kubelet's directory")
@@ -770,6 +820,15 @@ GOOD_ARGS = ["--endpoint=$(CSI_ENDPOINT)", "--nodeid=$(NODE_NAME)",
     (GOOD_ARGS[:1] + ["--nodeid=node-1"] + GOOD_ARGS[2:], "downward API"),
     (GOOD_ARGS[:1] + GOOD_ARGS[2:], "--nodeid missing"),
     (GOOD_ARGS + ["--root=/var/lib/strata"], "given twice"),
+    (GOOD_ARGS, "--daemon-cgroup missing"),
+    (GOOD_ARGS + ["--daemon-mount-namespace=/proc/self/ns/mnt"],
+     "want /proc/1/ns/mnt"),
+    (GOOD_ARGS + ["--daemon-cgroup=/sys/fs/cgroup/strata"],
+     "DIR a mount of the host's /sys/fs/cgroup"),
+    (GOOD_ARGS + ["--daemon-cgroup=/host/sys/fs/cgroup"],
+     "DIR a mount of the host's /sys/fs/cgroup"),
+    (GOOD_ARGS + ["--daemon-binary-dir=/usr/lib/strata"],
+     "not at the same path on the host"),
 ])
 def test_flag_checker_reports(base, plugin_help, args, expect):
     assert check_plugin_args(base, parse_help(plugin_help[1]))[0] == []
@@ -789,6 +848,21 @@ def test_binary_dry_run_can_fail(base, plugin_help, args):
     out = subprocess.run([binary, *argv, "--help"], capture_output=True,
                          text=True, check=False, timeout=10)
     assert out.returncode == 2, out
+
+
+@pytest.mark.parametrize("fn, expect", [
+    (lambda d: d["spec"]["template"]["spec"].pop("hostPID"), "without hostPID"),
+    (lambda d: [m.pop("mountPropagation") for m in plugin_of(d)["volumeMounts"]
+                if m["name"] == "store-ephemeral"], "/var/lib/strata/ephemeral"),
+    (lambda d: [v["hostPath"].update(path="/srv/strata") for v in
+                d["spec"]["template"]["spec"]["volumes"] if v["name"] == "store"],
+     "--root '/var/lib/strata': not at the same path on the host"),
+])
+def test_flag_checker_reports_the_pod(base, plugin_help, fn, expect):
+    """The rules that tie the daemon flags to the pod around them."""
+    problems, _ = check_plugin_args(mutate(base, "DaemonSet", fn),
+                                    parse_help(plugin_help[1]))
+    assert any(expect in p for p in problems), problems
 
 
 def test_help_parser_reads_options():
