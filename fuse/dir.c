@@ -84,6 +84,26 @@ static int sfs_check_absent(struct sfs_node *dir, const char *name)
 	return ret == -ENOENT ? 0 : ret;
 }
 
+/*
+ * A request the kernel sent again after its worker died (transport.c)
+ * may find its work done. The kernel holds the directory locked from the
+ * first sending to the answer, and looked the name up as absent before
+ * it sent: an entry at NAME is the one the dead worker made. Its node,
+ * if it is of the TYPE asked for.
+ */
+static int sfs_resent_made(struct sfs_node *dir, const char *name,
+			   mode_t type, struct sfs_node **out)
+{
+	int ret = sfs_lookup_node(dir, name, out);
+
+	if (ret == 0 && (*out)->type != type) {
+		sfs_node_release(*out);
+		*out = NULL;
+		return -EEXIST;
+	}
+	return ret;
+}
+
 static int sfs_create(struct sfs_node *dir, const char *name,
 		      const struct sfs_newent *ne, struct sfs_node **out)
 {
@@ -94,6 +114,8 @@ static int sfs_create(struct sfs_node *dir, const char *name,
 	if (!sfs_has_upper())
 		return -EROFS;
 	ret = sfs_check_absent(dir, name);
+	if (ret == -EEXIST && sfs_req_resent())
+		return sfs_resent_made(dir, name, ne->mode & S_IFMT, out);
 	if (ret == 0)
 		ret = sfs_copy_up(dir);
 	if (ret < 0)
@@ -234,6 +256,20 @@ out_err:
 	sfs_reply_err(req, ret);
 }
 
+/* A LINK sent again finds its work done when NEWNAME is N (see above). */
+static int sfs_resent_linked(struct sfs_node *n, struct sfs_node *dir,
+			     const char *newname)
+{
+	struct sfs_node *got;
+	int ret = sfs_lookup_node(dir, newname, &got);
+
+	if (ret < 0)
+		return ret;
+	ret = got == n ? 0 : -EEXIST;
+	sfs_node_release(got);
+	return ret;
+}
+
 static int sfs_link(struct sfs_node *n, struct sfs_node *dir,
 		    const char *newname)
 {
@@ -246,6 +282,8 @@ static int sfs_link(struct sfs_node *n, struct sfs_node *dir,
 	sfs_unlock(&n->lock);
 	if (ret == 0)
 		ret = sfs_check_absent(dir, newname);
+	if (ret == -EEXIST && sfs_req_resent())
+		return sfs_resent_linked(n, dir, newname);
 	if (ret == 0)
 		ret = sfs_copy_up(n);
 	if (ret == 0)
@@ -445,6 +483,9 @@ static void sfs_unlink_op(fuse_req_t req, fuse_ino_t parent, const char *name,
 		ret = sfs_unlink(dir, name, isdir);
 		sfs_node_release(dir);
 	}
+	/* sent again, and gone: the dead worker removed it (sfs_resent_made) */
+	if (ret == -ENOENT && sfs_req_resent())
+		ret = 0;
 	sfs_reply_err(req, ret);
 }
 
@@ -539,16 +580,16 @@ static int sfs_rename_redirect(struct sfs_node *n, bool samedir)
 		ret = sfs_lower_path(n, path, sizeof(path));
 	if (ret < 0)
 		return ret;
-	dup = strdup(path);
+	dup = sfs_shm_strdup(path);
 	if (!dup)
 		return -ENOMEM;
 	ret = sfs_set_redirect(sfs_upper(n), path);
 	sfs_lock(&n->lock);
 	if (ret == 0) {
-		free(n->di->redirect);
+		sfs_shm_free(n->di->redirect);
 		n->di->redirect = dup;
 	} else {
-		free(dup);
+		sfs_shm_free(dup);
 	}
 	sfs_unlock(&n->lock);
 	return ret;
@@ -678,6 +719,29 @@ static int sfs_rename_upper(struct sfs_node *pdir, const char *name,
 	return ret;
 }
 
+/*
+ * A RENAME sent again whose source is gone: the dead worker moved it
+ * (see sfs_resent_made), and may have died before its node learnt the
+ * new name.
+ */
+static int sfs_resent_renamed(struct sfs_node *pdir, struct sfs_node *ndir,
+			      const char *newname)
+{
+	struct sfs_node *n;
+	int ret = sfs_lookup_node(ndir, newname, &n);
+
+	if (ret < 0)
+		return ret;
+	sfs_lock(&n->lock);
+	if (n->parent != ndir || strcmp(n->name, newname))
+		ret = sfs_node_set_name(n, ndir, newname);
+	sfs_unlock(&n->lock);
+	sfs_node_dir_changed(pdir, 0);
+	sfs_node_dir_changed(ndir, 0);
+	sfs_node_release(n);
+	return ret;
+}
+
 static int sfs_rename_entry(struct sfs_node *pdir, const char *name,
 		      struct sfs_node *ndir, const char *newname,
 		      unsigned int flags)
@@ -686,6 +750,8 @@ static int sfs_rename_entry(struct sfs_node *pdir, const char *name,
 	int ret, whiteout = 0;
 
 	ret = sfs_lookup_node(pdir, name, &src);
+	if (ret == -ENOENT && sfs_req_resent() && !(flags & RENAME_EXCHANGE))
+		return sfs_resent_renamed(pdir, ndir, newname);
 	if (ret < 0)
 		return ret;
 	ret = sfs_lookup_node(ndir, newname, &dst);

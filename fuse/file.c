@@ -35,7 +35,8 @@ int sfs_file_open(struct sfs_node *n, int flags, struct sfs_file **out)
 		if (ret < 0)
 			return ret;
 	}
-	f = calloc(1, sizeof(*f));
+	/* the handle the kernel holds is its address: shared, as nodes are */
+	f = sfs_shm_alloc(sizeof(*f));
 	if (!f)
 		return -ENOMEM;
 	/* The kernel did the permission and creation checks already. */
@@ -49,22 +50,56 @@ int sfs_file_open(struct sfs_node *n, int flags, struct sfs_file **out)
 	fd = sfs_reopen(sfs_node_datafd(n), flags);
 	if (fd < 0) {
 		atomic_fetch_sub(&n->nopen, 1);
-		free(f);
+		sfs_shm_free(f);
 		return fd;
 	}
 	pthread_mutex_init(&f->lock, NULL);
 	f->fd = fd;
 	f->oldfd = -1;
 	f->flags = flags;
+	f->gen = (uint16_t)atomic_fetch_add(&sfs->file_gen, 1);
 	f->node = n;
 	sfs_node_ref(n);
 	sfs_handle_add(&sfs->files, &f->link);
+	sfs_shm_tag(f, SFS_SHM_FILE);
 	*out = f;
 	return 0;
 }
 
+/*
+ * The handle the kernel holds: the address, with a generation in the
+ * bits above it (user addresses fit in 47 bits), so that a RELEASE sent
+ * again after its worker died never closes a handle that took the freed
+ * one's place.
+ */
+#define SFS_FILE_GEN_SHIFT 48
+
+uint64_t sfs_file_handle(const struct sfs_file *f)
+{
+	return (uint64_t)(uintptr_t)f | (uint64_t)f->gen << SFS_FILE_GEN_SHIFT;
+}
+
+/* The open file FI names; NULL for none (a directory's, or setattr's). */
+struct sfs_file *sfs_file_of(const struct fuse_file_info *fi)
+{
+	uint64_t mask = (1ULL << SFS_FILE_GEN_SHIFT) - 1;
+
+	return fi ? (struct sfs_file *)(uintptr_t)(fi->fh & mask) : NULL;
+}
+
+/* Whether FI's handle is still the open file it was given for. */
+static bool sfs_file_current(const struct fuse_file_info *fi)
+{
+	struct sfs_file *f = sfs_file_of(fi);
+
+	return f && sfs_shm_tagged(f, SFS_SHM_FILE) &&
+	       sfs_file_handle(f) == fi->fh;
+}
+
 void sfs_file_close(struct sfs_file *f)
 {
+	/* untagged first: a successor never takes over a handle half closed */
+	sfs_shm_tag(f, SFS_SHM_OTHER);
 	sfs_pass_release(f);
 	sfs_handle_del(&f->link);
 	close(f->fd);
@@ -73,7 +108,49 @@ void sfs_file_close(struct sfs_file *f)
 	atomic_fetch_sub(&f->node->nopen, 1);
 	sfs_node_unref(f->node);
 	pthread_mutex_destroy(&f->lock);
-	free(f);
+	sfs_shm_free(f);
+}
+
+/*
+ * A handle a dead worker left. Its lock died with the worker's threads;
+ * a worker killed between the two stores of sfs_file_readfd left the
+ * same descriptor in both fields, which must be closed once.
+ */
+static void sfs_file_fds(void *p, void *set)
+{
+	struct sfs_file *f = p;
+
+	sfs_fdset_add(set, f->fd);
+	if (f->oldfd >= 0 && f->oldfd != f->fd)
+		sfs_fdset_add(set, f->oldfd);
+}
+
+/* Adds the descriptors every open file holds to SET, changing nothing. */
+void sfs_files_fds(struct sfs_fdset *set)
+{
+	sfs_shm_walk(SFS_SHM_FILE, sfs_file_fds, set);
+}
+
+static void sfs_file_takeover(void *p, void *keep)
+{
+	struct sfs_file *f = p;
+
+	pthread_mutex_init(&f->lock, NULL);
+	if (f->oldfd == f->fd)
+		f->oldfd = -1;
+	sfs_file_fds(f, keep);
+	sfs_node_ref(f->node);
+	sfs_handle_add(&sfs->files, &f->link);
+}
+
+/*
+ * The list of handles is made again from the handles themselves, and
+ * each counts its reference on its node again (sfs_table_takeover).
+ */
+void sfs_files_takeover(struct sfs_fdset *keep)
+{
+	sfs_handles_init();
+	sfs_shm_walk(SFS_SHM_FILE, sfs_file_takeover, keep);
 }
 
 static bool sfs_req_in_group(fuse_req_t req, gid_t gid)
@@ -162,7 +239,7 @@ int sfs_file_reply(fuse_req_t req, struct sfs_file *f,
 {
 	int backing = sfs_pass_open(f);
 
-	fi->fh = (uintptr_t)f;
+	fi->fh = sfs_file_handle(f);
 	if (backing)
 		return sfs_pass_reply(req, e, fi->fh, backing);
 	fi->keep_cache = sfs_pass_keep_cache(f->node);
@@ -199,10 +276,6 @@ void sfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 		sfs_file_close(f);
 }
 
-static struct sfs_file *sfs_fh(struct fuse_file_info *fi)
-{
-	return (struct sfs_file *)(uintptr_t)fi->fh;
-}
 
 /* The descriptor to read through: the upper copy once there is one. */
 static int sfs_file_readfd(struct sfs_file *f)
@@ -236,7 +309,7 @@ void sfs_op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 {
 	sfs_count(STRATA_ST_READ, 1);
 	sfs_count(STRATA_ST_READ_BYTES, size);
-	struct sfs_file *f = sfs_fh(fi);
+	struct sfs_file *f = sfs_file_of(fi);
 
 	sfs_io_read(req, sfs_file_readfd(f), size, off, f->flags & O_DIRECT);
 }
@@ -244,7 +317,7 @@ void sfs_op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 void sfs_op_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *buf,
 		      off_t off, struct fuse_file_info *fi)
 {
-	struct sfs_file *f = sfs_fh(fi);
+	struct sfs_file *f = sfs_file_of(fi);
 	int ret = sfs_file_killpriv(req, f);
 
 	sfs_count(STRATA_ST_WRITE, 1);
@@ -267,14 +340,16 @@ void sfs_op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 void sfs_op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
 	sfs_count(STRATA_ST_RELEASE, 1);
-	sfs_file_close(sfs_fh(fi));
+	/* sent again after its worker died, it may find the handle closed */
+	if (sfs_file_current(fi))
+		sfs_file_close(sfs_file_of(fi));
 	fuse_reply_err(req, 0);
 }
 
 void sfs_op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync,
 		  struct fuse_file_info *fi)
 {
-	struct sfs_file *f = sfs_fh(fi);
+	struct sfs_file *f = sfs_file_of(fi);
 	unsigned int dirty = atomic_load(&f->node->dirty);
 	int ret = datasync ? fdatasync(f->fd) : fsync(f->fd);
 
@@ -288,7 +363,7 @@ void sfs_op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync,
 void sfs_op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t offset,
 		      off_t length, struct fuse_file_info *fi)
 {
-	struct sfs_file *f = sfs_fh(fi);
+	struct sfs_file *f = sfs_file_of(fi);
 
 	int ret;
 
@@ -308,7 +383,7 @@ void sfs_op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t offset,
 void sfs_op_lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence,
 		  struct fuse_file_info *fi)
 {
-	off_t res = lseek(sfs_file_readfd(sfs_fh(fi)), off, whence);
+	off_t res = lseek(sfs_file_readfd(sfs_file_of(fi)), off, whence);
 
 	sfs_count(STRATA_ST_LSEEK, 1);
 	if (res < 0)
@@ -322,7 +397,7 @@ void sfs_op_copy_file_range(fuse_req_t req, fuse_ino_t ino_in, off_t off_in,
 			    off_t off_out, struct fuse_file_info *fi_out,
 			    size_t len, int flags)
 {
-	struct sfs_file *out = sfs_fh(fi_out);
+	struct sfs_file *out = sfs_file_of(fi_out);
 	int ret = sfs_file_killpriv(req, out);
 
 	sfs_count(STRATA_ST_COPY_FILE_RANGE, 1);
@@ -331,7 +406,7 @@ void sfs_op_copy_file_range(fuse_req_t req, fuse_ino_t ino_in, off_t off_in,
 		return;
 	}
 	atomic_fetch_add(&out->node->dirty, 1);
-	sfs_io_copy_file(req, sfs_file_readfd(sfs_fh(fi_in)), off_in, out->fd,
+	sfs_io_copy_file(req, sfs_file_readfd(sfs_file_of(fi_in)), off_in, out->fd,
 			 off_out, len, flags);
 }
 

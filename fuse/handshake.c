@@ -16,13 +16,12 @@
  * libfuse 3.14 does not know either.
  *
  * The INIT request is the first the kernel sends, before any worker
- * runs, so this thread answers it alone: libfuse writes its reply into
- * a pipe standing in for /dev/fuse, and we pass it on with the flag
- * added when the kernel offered it.
+ * thread runs, so this thread answers it alone: libfuse's reply is
+ * captured (transport.c), and we pass it on with the flag added when the
+ * kernel offered it.
  */
 #define _GNU_SOURCE
 #include <errno.h>
-#include <fcntl.h>
 #include <linux/fuse.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -37,9 +36,6 @@
  */
 #define SFS_FUSE_PASSTHROUGH (1ULL << 37)
 #define sfs_max_stack_depth unused[0]
-
-/* A reply is a header and fuse_init_out: room for both and more. */
-#define SFS_HANDSHAKE_REPLY 4096
 
 /*
  * Fills *buf with the next request: 1, or 0 when the session ends first
@@ -127,78 +123,51 @@ static uint64_t sfs_handshake_patch(char *reply, ssize_t len, uint64_t flags)
 }
 
 /*
- * Lets libfuse process buf with its replies going into a pipe; the
- * reply is left in *reply, *len bytes.
+ * Keeps the INIT request, as it came, for the workers after this one:
+ * the kernel sends it once per connection.
  */
-static int sfs_handshake_capture(struct fuse_session *se,
-				 const struct fuse_buf *buf, char *reply,
-				 ssize_t *len)
+static int sfs_handshake_keep(const struct fuse_buf *buf)
 {
-	int fd = fuse_session_fd(se);
-	int pipefd[2], saved;
-	int ret = 0;
-
-	saved = fcntl(fd, F_DUPFD_CLOEXEC, 0);
-	if (saved < 0)
-		return -errno;
-	if (pipe2(pipefd, O_CLOEXEC) < 0) {
-		ret = -errno;
-		goto out_saved;
-	}
-	if (dup3(pipefd[1], fd, O_CLOEXEC) < 0) {
-		ret = -errno;
-		goto out_pipe;
-	}
-	fuse_session_process_buf(se, buf);
-	/* /dev/fuse goes back whatever happened */
-	if (dup3(saved, fd, O_CLOEXEC) < 0) {
-		ret = -errno;
-		goto out_pipe;
-	}
-	/* all write ends closed: an empty pipe reads as 0, never blocks */
-	close(pipefd[1]);
-	pipefd[1] = -1;
-	*len = read(pipefd[0], reply, SFS_HANDSHAKE_REPLY);
-	if (*len < 0)
-		ret = -errno;
-out_pipe:
-	close(pipefd[0]);
-	if (pipefd[1] >= 0)
-		close(pipefd[1]);
-out_saved:
-	close(saved);
-	return ret;
+	if (!sfs_shm)
+		return 0;	/* one process, never replaced */
+	if (buf->size > sizeof(sfs_shm->init))
+		return -E2BIG;
+	memcpy(sfs_shm->init, buf->mem, buf->size);
+	sfs_shm->init_len = (uint32_t)buf->size;
+	return 0;
 }
 
 int sfs_handshake(struct fuse_session *se)
 {
 	struct fuse_buf buf = { .mem = NULL };
-	char *reply = NULL;
+	struct sfs_capture *cap = NULL;
 	uint64_t want, added;
-	ssize_t len = 0, done;
+	ssize_t done;
 	int ret;
 
 	ret = sfs_handshake_receive(se, &buf);
 	if (ret <= 0)
 		goto out;
+	ret = sfs_handshake_keep(&buf);
+	if (ret < 0)
+		goto out;
 	want = sfs_handshake_wanted(sfs_handshake_offered(&buf));
 	if (!want) {
 		/* nothing to add: libfuse answers as it always does */
 		fuse_session_process_buf(se, &buf);
-		ret = 0;
 		goto out;
 	}
-	reply = malloc(SFS_HANDSHAKE_REPLY);
-	if (!reply) {
+	cap = malloc(sizeof(*cap));
+	if (!cap) {
 		ret = -ENOMEM;
 		goto out;
 	}
-	ret = sfs_handshake_capture(se, &buf, reply, &len);
-	if (ret < 0)
-		goto out;
-	added = sfs_handshake_patch(reply, len, want);
-	done = write(fuse_session_fd(se), reply, len);
-	if (done != len) {
+	sfs_transport_capture(cap);
+	fuse_session_process_buf(se, &buf);
+	sfs_transport_capture(NULL);
+	added = sfs_handshake_patch(cap->buf, (ssize_t)cap->len, want);
+	done = write(fuse_session_fd(se), cap->buf, cap->len);
+	if (done != (ssize_t)cap->len) {
 		/* the device takes a reply whole or not at all */
 		ret = done < 0 ? -errno : -EIO;
 		goto out;
@@ -210,11 +179,43 @@ int sfs_handshake(struct fuse_session *se)
 		strata_info("passthrough: the kernel reads and writes upper "
 			    "files itself");
 	}
-	ret = 0;
 out:
 	if (ret < 0)
 		strata_err("FUSE INIT: %s", strerror(-ret));
-	free(reply);
+	free(cap);
+	free(buf.mem);
+	return ret;
+}
+
+/*
+ * A worker after the first: its libfuse session must see the INIT that
+ * the kernel sent the first one, and negotiate the same, but its reply
+ * goes nowhere. What was negotiated outside libfuse (passthrough) is in
+ * the shared state already.
+ */
+int sfs_handshake_replay(struct fuse_session *se)
+{
+	struct fuse_buf buf = { .size = sfs_shm->init_len };
+	struct sfs_capture *cap = malloc(sizeof(*cap));
+	int ret = 0;
+
+	buf.mem = malloc(buf.size);
+	if (!cap || !buf.mem) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	memcpy(buf.mem, sfs_shm->init, buf.size);
+	sfs_transport_capture(cap);
+	fuse_session_process_buf(se, &buf);
+	sfs_transport_capture(NULL);
+	/* libfuse answers an INIT it cannot take with an error */
+	if (cap->len < sizeof(struct fuse_out_header) ||
+	    ((struct fuse_out_header *)cap->buf)->error)
+		ret = -EPROTO;
+out:
+	if (ret < 0)
+		strata_err("FUSE INIT replayed: %s", strerror(-ret));
+	free(cap);
 	free(buf.mem);
 	return ret;
 }

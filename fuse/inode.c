@@ -58,7 +58,7 @@ uint64_t sfs_ino_compose(unsigned fsid, ino_t ino)
 int sfs_table_init(struct sfs_fs *fs)
 {
 	fs->table_size = SFS_TABLE_MIN;
-	fs->table = calloc(fs->table_size, sizeof(*fs->table));
+	fs->table = sfs_shm_alloc(fs->table_size * sizeof(*fs->table));
 	if (!fs->table)
 		return -ENOMEM;
 	pthread_mutex_init(&fs->table_lock, NULL);
@@ -86,7 +86,7 @@ struct sfs_node *sfs_node_alloc(mode_t type, int nlower, const char *name)
 	size_t len = strlen(name) + 1;
 	size_t size = sizeof(struct sfs_node) + nlower * sizeof(struct sfs_entry) +
 		      (S_ISDIR(type) ? sizeof(struct sfs_dirinfo) : 0) + len;
-	struct sfs_node *n = calloc(1, size);
+	struct sfs_node *n = sfs_shm_alloc(size);
 
 	if (!n)
 		return NULL;
@@ -113,25 +113,27 @@ static void sfs_node_free(struct sfs_node *n)
 {
 	bool parked = atomic_load(&n->parked);
 
+	/* a worker's successor must not take over a node half freed */
+	sfs_shm_tag(n, SFS_SHM_OTHER);
 	if (!parked)
 		atomic_fetch_sub(&sfs->node_fds, sfs_node_nfds(n));
 	if (atomic_load(&n->has_upper)) {
 		if (!parked)
 			close(n->up.fd);
-		free(n->up.fh);
+		sfs_shm_free(n->up.fh);
 	}
 	for (int i = 0; i < n->nlower; i++) {
 		if (!parked)
 			close(n->lower[i].fd);
-		free(n->lower[i].fh);
+		sfs_shm_free(n->lower[i].fh);
 	}
 	if (n->name != sfs_node_inline_name(n))
-		free(n->name);
+		sfs_shm_free(n->name);
 	if (n->di) {
-		free(n->di->redirect);
+		sfs_shm_free(n->di->redirect);
 		sfs_dir_drop_listing(n);
 	}
-	free(n);
+	sfs_shm_free(n);
 }
 
 void sfs_table_destroy(struct sfs_fs *fs)
@@ -144,7 +146,7 @@ void sfs_table_destroy(struct sfs_fs *fs)
 			sfs_node_free(n);
 		}
 	}
-	free(fs->table);
+	sfs_shm_free(fs->table);
 	fs->table = NULL;
 	if (fs->root)
 		sfs_node_free(fs->root);
@@ -155,7 +157,7 @@ void sfs_table_destroy(struct sfs_fs *fs)
 static void sfs_table_grow(void)
 {
 	size_t size = sfs->table_size * 2;
-	struct sfs_node **t = calloc(size, sizeof(*t));
+	struct sfs_node **t = sfs_shm_alloc(size * sizeof(*t)), **old;
 
 	if (!t)
 		return;	/* longer chains, still correct */
@@ -170,9 +172,11 @@ static void sfs_table_grow(void)
 			t[h] = n;
 		}
 	}
-	free(sfs->table);
+	/* the old array goes last: a successor never finds a freed one */
+	old = sfs->table;
 	sfs->table = t;
 	sfs->table_size = size;
+	sfs_shm_free(old);
 }
 
 static void sfs_table_remove(struct sfs_node *n)
@@ -244,11 +248,18 @@ void sfs_node_ref(struct sfs_node *n)
 	atomic_fetch_add(&n->refs, 1);
 }
 
-/* The kernel's lookup count is part of the node's references. */
+/*
+ * The kernel's lookup count is part of the node's references, and kept
+ * on its own too: a new worker counts the references again from what
+ * outlives a worker (supervisor.c), without those its threads held.
+ */
 void sfs_node_lookup_inc(struct sfs_node *n)
 {
+	atomic_fetch_add(&n->nlookup, 1);
 	atomic_fetch_add(&n->refs, 1);
+	sfs_resend_counted(n);
 }
+
 
 /* Nodes freed since the heap was last trimmed. */
 static atomic_long sfs_freed;
@@ -293,9 +304,15 @@ void sfs_node_unhash(struct sfs_node *n)
 	pthread_mutex_unlock(&sfs->table_lock);
 }
 
+void sfs_node_forget(struct sfs_node *n, uint64_t count)
+{
+	atomic_fetch_sub(&n->nlookup, count);
+	sfs_node_put(n, count);
+}
+
 void sfs_node_lookup_dec(struct sfs_node *n)
 {
-	sfs_node_put(n, 1);
+	sfs_node_forget(n, 1);
 }
 
 void sfs_node_unref(struct sfs_node *n)
@@ -355,7 +372,7 @@ struct sfs_node *sfs_node_from_found(struct sfs_node *parent,
 	n = sfs_table_find(ino, f->type);
 	if (n) {
 		pthread_mutex_unlock(&sfs->table_lock);
-		free(fresh);
+		sfs_shm_free(fresh);
 		sfs_found_release(f);
 		*err = sfs_node_pin(n);
 		if (*err < 0) {
@@ -379,7 +396,7 @@ struct sfs_node *sfs_node_from_found(struct sfs_node *parent,
 		n->di->opaque = f->opaque;
 		n->di->impure = f->impure;
 	} else {
-		free(f->redirect);
+		sfs_shm_free(f->redirect);
 	}
 	n->indexed = f->indexed;
 	n->has_origin = f->has_origin;
@@ -388,6 +405,8 @@ struct sfs_node *sfs_node_from_found(struct sfs_node *parent,
 		sfs_node_ref(parent);
 	n->hnext = sfs->table[h];
 	sfs->table[h] = n;
+	/* whole and findable: a successor takes it over (sfs_table_takeover) */
+	sfs_shm_tag(n, SFS_SHM_NODE);
 	if (++sfs->table_count > sfs->table_size)
 		sfs_table_grow();
 	pthread_mutex_unlock(&sfs->table_lock);
@@ -445,7 +464,7 @@ static int sfs_entry_handle(struct sfs_entry *e)
 	 * holes too small for a node (13 MiB over a parked tree of 120k).
 	 */
 	size = sizeof(h.fh) + h.fh.handle_bytes;
-	e->fh = malloc(size);
+	e->fh = sfs_shm_alloc(size);
 	if (!e->fh)
 		return -ENOMEM;
 	memcpy(e->fh, &h, size);
@@ -596,6 +615,144 @@ int sfs_node_pin(struct sfs_node *n)
 	return ret;
 }
 
+/*
+ * What a dead worker's threads held of a node died with them: its lock,
+ * its pins, the references they took, and its listing (in their heap).
+ * Its references are counted again from what outlives a worker: the
+ * kernel's lookups here, its children and open handles below. Its
+ * descriptors are in the descriptor table the workers share with the
+ * supervisor, and stay valid unless it was parked, or half way to being
+ * unparked: then the file handles open it again on the next pin, and
+ * whatever the dead worker had opened for it is closed with the rest of
+ * its leftovers.
+ */
+static void sfs_node_fds(void *p, void *set)
+{
+	struct sfs_node *n = p;
+
+	if (atomic_load(&n->parked))
+		return;
+	if (atomic_load(&n->has_upper))
+		sfs_fdset_add(set, n->up.fd);
+	for (int i = 0; i < n->nlower; i++)
+		sfs_fdset_add(set, n->lower[i].fd);
+}
+
+static void sfs_node_reset(struct sfs_node *n, struct sfs_fdset *keep)
+{
+	atomic_store(&n->lock.v, 0);
+	atomic_store(&n->busy, 0);
+	atomic_store(&n->refs, atomic_load(&n->nlookup));
+	if (n->di)
+		n->di->listing = NULL;
+	sfs_node_fds(n, keep);
+	if (!atomic_load(&n->parked))
+		atomic_fetch_add(&sfs->node_fds, sfs_node_nfds(n));
+}
+
+/* Adds the descriptors every node holds to SET, changing nothing. */
+void sfs_table_fds(struct sfs_fdset *set)
+{
+	sfs_node_fds(sfs->root, set);
+	sfs_shm_walk(SFS_SHM_NODE, sfs_node_fds, set);
+}
+
+/*
+ * A node at no reference was being freed when its worker died: it is
+ * left out, and its memory is lost rather than freed twice.
+ */
+static void sfs_node_takeover(void *p, void *keep)
+{
+	struct sfs_node *n = p;
+	size_t h;
+
+	if (atomic_load(&n->refs) == 0) {
+		sfs_shm_tag(n, SFS_SHM_OTHER);
+		return;
+	}
+	sfs_node_reset(n, keep);
+	if (n->unhashed)
+		return;
+	h = sfs_hash(n->ino, sfs->table_size);
+	n->hnext = sfs->table[h];
+	sfs->table[h] = n;
+	sfs->table_count++;
+}
+
+/* Each child holds a reference on its parent. */
+static void sfs_node_count_parent(void *p, void *arg)
+{
+	struct sfs_node *n = p;
+
+	if (n->parent)
+		atomic_fetch_add(&n->parent->refs, 1);
+}
+
+/*
+ * A new worker takes over the nodes (worker.c). The table is made again
+ * from the nodes themselves, found by walking the shared memory: the dead
+ * worker may have died half way through a change to a hash chain. The
+ * descriptors of every node kept are added to KEEP. The open handles'
+ * references are counted next (sfs_files_takeover); sfs_table_prune then
+ * frees the nodes only the dead worker's threads held.
+ */
+int sfs_table_takeover(struct sfs_fdset *keep)
+{
+	struct sfs_node **old = sfs->table;
+
+	pthread_mutex_init(&sfs->table_lock, NULL);
+	pthread_mutex_init(&sfs->evict_lock, NULL);
+	sfs->table = sfs_shm_alloc(sfs->table_size * sizeof(*sfs->table));
+	if (!sfs->table) {
+		sfs->table = old;
+		return -ENOMEM;
+	}
+	sfs_shm_free(old);
+	sfs->table_count = 0;
+	atomic_store(&sfs->node_fds, 0);
+	atomic_store(&sfs->listed, 0);
+	/* the counts references are made from come first */
+	sfs_resend_takeover();
+	sfs_node_reset(sfs->root, keep);
+	atomic_store(&sfs->root->refs, 1);	/* the kernel's, never forgotten */
+	sfs_shm_walk(SFS_SHM_NODE, sfs_node_takeover, keep);
+	sfs_shm_walk(SFS_SHM_NODE, sfs_node_count_parent, NULL);
+	return 0;
+}
+
+static void sfs_node_prune(void *p, void *arg)
+{
+	struct sfs_node *n = p;
+
+	if (atomic_load(&n->refs) == 0) {
+		atomic_store(&n->refs, 1);
+		sfs_node_put(n, 1);
+	}
+}
+
+void sfs_table_prune(void)
+{
+	sfs_shm_walk(SFS_SHM_NODE, sfs_node_prune, NULL);
+}
+
+static void sfs_node_leave(void *p, void *arg)
+{
+	struct sfs_node *n = p;
+
+	if (n->di)
+		sfs_dir_drop_listing(n);
+}
+
+/*
+ * A worker that ends well leaves nothing of its own heap in the shared
+ * state: listings are all it puts there.
+ */
+void sfs_table_leave(void)
+{
+	sfs_node_leave(sfs->root, NULL);
+	sfs_shm_walk(SFS_SHM_NODE, sfs_node_leave, NULL);
+}
+
 void sfs_node_unpin(struct sfs_node *n)
 {
 	atomic_fetch_sub(&n->busy, 1);
@@ -643,7 +800,7 @@ void sfs_node_set_upper(struct sfs_node *n, int fd)
 int sfs_node_set_name(struct sfs_node *n, struct sfs_node *parent,
 		      const char *name)
 {
-	char *dup = strdup(name);
+	char *dup = sfs_shm_strdup(name);
 	struct sfs_node *old;
 
 	if (!dup)
@@ -652,7 +809,7 @@ int sfs_node_set_name(struct sfs_node *n, struct sfs_node *parent,
 	old = n->parent;
 	n->parent = parent;
 	if (n->name != sfs_node_inline_name(n))
-		free(n->name);
+		sfs_shm_free(n->name);
 	n->name = dup;
 	n->unlinked = false;
 	if (old)
@@ -890,7 +1047,7 @@ static int sfs_truncate(struct sfs_node *n, int fd, off_t size)
 static void sfs_setattr(fuse_req_t req, struct sfs_node *n, struct stat *attr,
 			int valid, struct fuse_file_info *fi)
 {
-	struct sfs_file *f = fi ? (struct sfs_file *)(uintptr_t)fi->fh : NULL;
+	struct sfs_file *f = sfs_file_of(fi);
 	int fd = (f && f->upper) ? f->fd : -1;
 	char path[64];
 	struct stat st;
@@ -1027,8 +1184,10 @@ void sfs_op_statfs(fuse_req_t req, fuse_ino_t ino)
 
 void sfs_op_forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup)
 {
+	struct fuse_forget_data one = { .ino = ino, .nlookup = nlookup };
+
 	sfs_count(STRATA_ST_FORGET, 1);
-	sfs_node_put(sfs_node_get(ino), nlookup);
+	sfs_forget_batch(1, &one);
 	fuse_reply_none(req);
 }
 
@@ -1036,8 +1195,7 @@ void sfs_op_forget_multi(fuse_req_t req, size_t count,
 			 struct fuse_forget_data *forgets)
 {
 	sfs_count(STRATA_ST_FORGET, 1);
-	for (size_t i = 0; i < count; i++)
-		sfs_node_put(sfs_node_get(forgets[i].ino), forgets[i].nlookup);
+	sfs_forget_batch(count, forgets);
 	fuse_reply_none(req);
 	/*
 	 * The kernel forgets in storms (memory pressure, drop_caches): give

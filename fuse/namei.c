@@ -22,7 +22,7 @@ void sfs_found_release(struct sfs_found *f)
 		close(f->upper);
 	for (int i = 0; i < f->nlower; i++)
 		close(f->lower[i].fd);
-	free(f->redirect);
+	sfs_shm_free(f->redirect);
 	f->upper = -1;
 	f->nlower = 0;
 	f->redirect = NULL;
@@ -75,7 +75,7 @@ static int sfs_check_redirect(int dirfd, struct sfs_lookup *d, size_t prelen,
 	else
 		n = snprintf(buf, sizeof(buf), "%.*s%s%s", (int)prelen,
 			     d->name, r, post);
-	free(d->redirect);
+	sfs_shm_free(d->redirect);
 	d->redirect = r;
 	if (n < 0 || (size_t)n >= sizeof(buf))
 		return -ENAMETOOLONG;
@@ -301,7 +301,7 @@ int sfs_lookup_name(struct sfs_node *dir, const char *name,
 	if (ret == 0 && !f->type)
 		ret = -ENOENT;
 out:
-	free(d.redirect);
+	sfs_shm_free(d.redirect);
 	if (ret < 0)
 		sfs_found_release(f);
 	return ret;
@@ -319,7 +319,7 @@ int sfs_lower_positive(struct sfs_node *dir, const char *name)
 	sfs_lookup_init(&d, name);
 	ret = sfs_lookup_lowers(dir, &d, &f);
 	ret = ret < 0 ? ret : f.type != 0;
-	free(d.redirect);
+	sfs_shm_free(d.redirect);
 	sfs_found_release(&f);
 	return ret;
 }
@@ -442,12 +442,20 @@ int sfs_entry_reply(fuse_req_t req, struct sfs_node *n)
 	return 0;
 }
 
+/*
+ * A lookup of this name ($STRATAFS_CRASH_NAME) aborts the worker: how
+ * tests make a request that kills every worker it reaches (supervisor.c).
+ */
+const char *sfs_crash_name;
+
 void sfs_op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
-	sfs_count(STRATA_ST_LOOKUP, 1);
 	struct sfs_node *dir, *n;
 	int ret;
 
+	sfs_count(STRATA_ST_LOOKUP, 1);
+	if (sfs_crash_name && !strcmp(name, sfs_crash_name))
+		abort();
 	ret = sfs_node_get_pinned(parent, &dir);
 	if (ret < 0) {
 		sfs_reply_err(req, ret);

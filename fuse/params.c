@@ -34,6 +34,7 @@ static const struct fuse_opt sfs_opt_spec[] = {
 	SFS_OPT("userxattr", userxattr),
 	SFS_OPT("passthrough", passthrough),
 	SFS_OPT("noallow_other", noallow_other),
+	SFS_OPT("nosupervisor", nosupervisor),
 	FUSE_OPT_KEY("-h", KEY_HELP),
 	FUSE_OPT_KEY("--help", KEY_HELP),
 	FUSE_OPT_KEY("-V", KEY_VERSION),
@@ -305,6 +306,8 @@ void sfs_usage(const char *prog)
 	       "                        default when root mounts, as on kernel\n"
 	       "                        overlayfs; permissions are the kernel's)\n"
 	       "    -o noallow_other    root mounts: only root gets in\n"
+	       "    -o nosupervisor     one process: no worker to replace when\n"
+	       "                        it dies (for gdb and valgrind)\n"
 	       "    -f                  stay in the foreground\n"
 	       "    -d                  debug output (implies -f)\n"
 	       "    -h, --help          this text\n"

@@ -13,7 +13,8 @@
 
 struct strata_stats *sfs_stats;
 
-int sfs_stats_open(const char *path)
+/* FRESH: a new daemon for the volume, which counts from zero. */
+int sfs_stats_open(const char *path, bool fresh)
 {
 	struct strata_stats *st;
 	int fd, ret = 0;
@@ -21,8 +22,7 @@ int sfs_stats_open(const char *path)
 	fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
 	if (fd < 0)
 		return -errno;
-	/* a new daemon for the volume counts from zero */
-	if (ftruncate(fd, 0) < 0) {
+	if (fresh && ftruncate(fd, 0) < 0) {
 		ret = -errno;
 		goto out;
 	}

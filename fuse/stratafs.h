@@ -16,11 +16,13 @@
 #include <fuse_lowlevel.h>
 #include <limits.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <sys/uio.h>
 
 #include "strata.h"
 
@@ -58,6 +60,7 @@ struct sfs_params {
 	int userxattr;
 	int passthrough;	/* asked for; sfs_fs.passthrough: in effect */
 	int noallow_other;	/* root mounts: keep other users out */
+	int nosupervisor;	/* serve in the process started (supervisor.c) */
 	int foreground;
 	int debug;
 	int show_help;
@@ -124,7 +127,9 @@ struct sfs_dirinfo {
  * (a LOOKUP, CREATE, MKNOD... reply or a READDIRPLUS entry, until its
  * FORGET), each child whose ->parent it is, each open file handle, and
  * each thread using it. The node is freed when refs reaches zero, and
- * its reference on its parent is dropped then. Rules:
+ * its reference on its parent is dropped then. nlookup counts the
+ * kernel's lookups alone: a worker taking over from a dead one counts
+ * refs again without the dead one's threads (sfs_table_takeover). Rules:
  *  - A request's node id is backed by the kernel's lookups only until
  *    the reply is sent: a FORGET on another thread may follow at once.
  *    So a handler takes its own reference (sfs_node_get_pinned) and
@@ -151,6 +156,7 @@ struct sfs_node {
 	uint64_t ino;		/* const: the st_ino we report */
 	struct sfs_node *hnext;	/* table: hash chain */
 	_Atomic uint64_t refs;		/* holders, as above */
+	_Atomic uint64_t nlookup;	/* the kernel's lookups, within refs */
 	struct sfs_node *parent;	/* lock; referenced; NULL for root */
 	char *name;		/* lock: the inline copy, or one a rename made */
 	struct sfs_dirinfo *di;	/* const: directories only, else NULL */
@@ -249,6 +255,9 @@ struct sfs_fs {
 	atomic_long listed;	/* entries in listings kept on nodes */
 	struct fuse_session *se;
 	atomic_bool passthrough;	/* negotiated, and not refused since */
+	atomic_uint file_gen;	/* the next open file's generation */
+	/* replies a dead worker counted lookups for (resend.c) */
+	struct sfs_replying *unreplied[SFS_MAX_THREADS * 2];
 };
 
 /* An open file. */
@@ -259,6 +268,7 @@ struct sfs_file {
 	int oldfd;		/* the lower fd a copy-up replaced, or -1 */
 	atomic_bool upper;	/* fd is on the upper copy */
 	bool passthrough;	/* the kernel does its I/O (passthrough.c) */
+	uint16_t gen;		/* in the handle the kernel holds, as a check */
 	int flags;
 	struct sfs_node *node;	/* referenced */
 };
@@ -307,11 +317,15 @@ extern struct sfs_fs *sfs;
 #ifdef STRATA_TSAN
 void __tsan_acquire(void *addr);
 void __tsan_release(void *addr);
+void AnnotateNewMemory(const char *f, int l, uintptr_t mem, size_t size);
 #define SFS_TSAN_RELEASE(p) __tsan_release(p)
 #define SFS_TSAN_ACQUIRE(p) __tsan_acquire(p)
+/* memory the shared allocator hands out again is new, as malloc's is */
+#define SFS_TSAN_NEW(p, n) AnnotateNewMemory(__FILE__, __LINE__, (uintptr_t)(p), n)
 #else
 #define SFS_TSAN_RELEASE(p) ((void)(p))
 #define SFS_TSAN_ACQUIRE(p) ((void)(p))
+#define SFS_TSAN_NEW(p, n) ((void)(p), (void)(n))
 #endif
 
 static inline bool sfs_has_upper(void)
@@ -340,7 +354,11 @@ void sfs_strv_free(char **v, int count);
 void sfs_usage(const char *prog);
 
 /* super.c */
+void sfs_process_init(void);
 int sfs_setup(struct sfs_fs *fs);
+struct fuse_session *sfs_mount(struct sfs_fs *fs, struct fuse_args *args,
+			       int devfd);
+void sfs_unmount(struct sfs_fs *fs, bool adopted);
 bool sfs_is_trap(const struct stat *st);
 void sfs_teardown(struct sfs_fs *fs);
 extern const struct fuse_lowlevel_ops sfs_ops;
@@ -357,6 +375,7 @@ int sfs_lookup_held(struct sfs_node *dir, const char *name, struct stat *st,
 int sfs_fill_entry(struct sfs_node *n, struct fuse_entry_param *e);
 int sfs_entry_reply(fuse_req_t req, struct sfs_node *n);
 void sfs_op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name);
+extern const char *sfs_crash_name;
 
 /* inode.c */
 int sfs_table_init(struct sfs_fs *fs);
@@ -375,9 +394,15 @@ void sfs_node_unpin(struct sfs_node *n);
 int sfs_node_get_pinned(fuse_ino_t nodeid, struct sfs_node **out);
 struct sfs_node *sfs_node_get_parent(struct sfs_node *n, int *err);
 void sfs_node_release(struct sfs_node *n);
+struct sfs_fdset;
+int sfs_table_takeover(struct sfs_fdset *keep);
+void sfs_table_prune(void);
+void sfs_table_fds(struct sfs_fdset *set);
+void sfs_table_leave(void);
 void sfs_node_set_upper(struct sfs_node *n, int fd);
 void sfs_fd_budget_init(void);
 void sfs_node_lookup_inc(struct sfs_node *n);
+void sfs_node_forget(struct sfs_node *n, uint64_t count);
 void sfs_node_lookup_dec(struct sfs_node *n);
 void sfs_node_unhash(struct sfs_node *n);
 int sfs_node_datafd(struct sfs_node *n);
@@ -473,6 +498,10 @@ void sfs_op_copy_file_range(fuse_req_t req, fuse_ino_t ino_in, off_t off_in,
 			    size_t len, int flags);
 int sfs_file_open(struct sfs_node *n, int flags, struct sfs_file **out);
 void sfs_file_close(struct sfs_file *f);
+uint64_t sfs_file_handle(const struct sfs_file *f);
+struct sfs_file *sfs_file_of(const struct fuse_file_info *fi);
+void sfs_files_takeover(struct sfs_fdset *keep);
+void sfs_files_fds(struct sfs_fdset *set);
 mode_t sfs_killpriv_bits(fuse_req_t req, const struct stat *st);
 int sfs_file_has_caps(int fd);
 int sfs_file_reply(fuse_req_t req, struct sfs_file *f,
@@ -528,6 +557,7 @@ int sfs_whiteout_create(int dirfd, const char *name);
 int sfs_whiteout_replace(int dirfd, const char *name);
 int sfs_tmp_name(char *buf, size_t size);
 int sfs_tmp_remove(const char *name);
+int sfs_tmp_clear(void);
 int sfs_probe_rename_whiteout(int tmpfd);
 
 /* passthrough.c */
@@ -540,10 +570,31 @@ struct fuse_entry_out;
 void sfs_entry_out(struct fuse_entry_out *o, const struct fuse_entry_param *e);
 
 /* tmpfile.c */
-int sfs_tmpfile_setup(struct fuse_session *se);
+void sfs_tmpfile_request(int fd, const void *buf, size_t len);
+
+/* resend.c; the resend bit is Linux 6.9's, newer than linux-libc-dev */
+#define SFS_UNIQUE_RESEND (1ULL << 63)
+struct fuse_forget_data;
+void sfs_forget_batch(size_t count, struct fuse_forget_data *forgets);
+void sfs_resend_counted(struct sfs_node *n);
+void sfs_resend_request(uint64_t unique, bool resent);
+void sfs_resend_replied(uint64_t unique);
+void sfs_resend_takeover(void);
+
+/* transport.c */
+struct sfs_capture {
+	size_t len;
+	char buf[4096];		/* an INIT reply, and more */
+};
+
+int sfs_transport_setup(struct fuse_session *se);
+ssize_t sfs_transport_writev(int fd, struct iovec *iov, int count);
+void sfs_transport_capture(struct sfs_capture *c);
+bool sfs_req_resent(void);
 
 /* handshake.c */
 int sfs_handshake(struct fuse_session *se);
+int sfs_handshake_replay(struct fuse_session *se);
 
 /* io.c: all file data moves through here */
 int sfs_io_init(const char *engine);
@@ -559,7 +610,7 @@ ssize_t sfs_io_pwrite(int fd, const void *buf, size_t len, off_t off);
 
 /* stats.c */
 extern struct strata_stats *sfs_stats;
-int sfs_stats_open(const char *path);
+int sfs_stats_open(const char *path, bool fresh);
 void sfs_stats_close(void);
 
 static inline void sfs_count(enum strata_stat what, uint64_t n)
@@ -567,6 +618,72 @@ static inline void sfs_count(enum strata_stat what, uint64_t n)
 	if (sfs_stats)
 		__atomic_fetch_add(&sfs_stats->v[what], n, __ATOMIC_RELAXED);
 }
+
+/*
+ * shm.c: what a worker's successor finds. Every struct that lives there
+ * (sfs_fs, sfs_node and its parts, sfs_file) is read by the next binary
+ * too after an upgrade in place: change one, and bump SFS_SHM_VERSION.
+ */
+#define SFS_SHM_VERSION 1
+#define SFS_SHM_CLASSES 28
+/* The shared mapping's size: sparse, so only what is used is resident. */
+#define SFS_SHM_SIZE (64ULL << 30)
+
+enum sfs_shm_tag {
+	SFS_SHM_FREE,
+	SFS_SHM_OTHER,	/* part of something else, or not whole yet */
+	SFS_SHM_NODE,	/* a node in the table */
+	SFS_SHM_FILE,	/* an open file handle */
+	SFS_SHM_FORGET,	/* FORGETs being done (resend.c) */
+	SFS_SHM_REPLY,	/* lookups counted for a reply (resend.c) */
+};
+
+struct sfs_shm {
+	uint64_t layout;	/* of the binary that made it (sfs_shm_attach) */
+	void *self;		/* where it is mapped, in every process */
+	int memfd;		/* the supervisor's, kept for an exec */
+	size_t size;
+	_Atomic size_t top;	/* the unused end */
+	pthread_mutex_t top_lock;
+	pthread_mutex_t lock[SFS_SHM_CLASSES];
+	void *free[SFS_SHM_CLASSES];
+	struct sfs_fs *fs;	/* the filesystem's state, in the mapping */
+	uint32_t init_len;	/* the kernel's INIT request, as it came */
+	char init[512];
+};
+
+extern struct sfs_shm *sfs_shm;
+int sfs_shm_create(size_t size);
+int sfs_shm_attach(int fd, void *addr);
+void *sfs_shm_alloc(size_t size);
+void sfs_shm_free(void *p);
+char *sfs_shm_strdup(const char *s);
+void sfs_shm_tag(void *p, enum sfs_shm_tag tag);
+bool sfs_shm_tagged(const void *p, enum sfs_shm_tag tag);
+void sfs_shm_walk(enum sfs_shm_tag tag, void (*fn)(void *p, void *arg),
+		  void *arg);
+void sfs_shm_takeover(void);
+
+/* supervisor.c */
+int sfs_run(const struct sfs_params *p, struct fuse_args *args, char **argv);
+
+/* worker.c */
+struct sfs_fdset {
+	size_t size;		/* descriptors below this fit */
+	uint64_t *bits;
+};
+
+/* A worker's exit status when it stopped to be replaced. */
+#define SFS_WORKER_REPLACED 75
+
+int sfs_fd_each(int (*fn)(int fd, void *arg), void *arg);
+int sfs_fdset_own(struct sfs_fdset *s);
+void sfs_fdset_add(struct sfs_fdset *s, int fd);
+void sfs_fdset_free(struct sfs_fdset *s);
+int sfs_serve(struct fuse_session *se, bool replay);
+int sfs_worker_run(struct fuse_session *se, const sigset_t *mask,
+		   pid_t supervisor, bool takeover,
+		   const struct sfs_fdset *base);
 
 /* util.c */
 void sfs_handles_init(void);

@@ -1,23 +1,69 @@
 /*
- * The file system as a whole: layers and their checks, the workdir and
- * its lock, the root node, FUSE connection settings, statfs and the
- * operations table.
+ * The file system as a whole: the process's settings, layers and their
+ * checks, the workdir and its lock, the root node, the mount and its
+ * options, FUSE connection settings, and the operations table.
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <malloc.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
 #include <sys/mount.h>
+#include <sys/resource.h>
 #include <sys/xattr.h>
 #include <unistd.h>
 
 #include "stratafs.h"
 
 struct sfs_fs *sfs;
+
+/* Every node holds descriptors: take all the process may have. */
+static void sfs_raise_nofile(void)
+{
+	struct rlimit rl;
+	FILE *f;
+	long max = 0;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
+		return;
+	f = fopen("/proc/sys/fs/nr_open", "r");
+	if (f) {
+		if (fscanf(f, "%ld", &max) != 1)
+			max = 0;
+		fclose(f);
+	}
+	if (max > 0 && (rlim_t)max > rl.rlim_max) {
+		struct rlimit want = { (rlim_t)max, (rlim_t)max };
+
+		if (setrlimit(RLIMIT_NOFILE, &want) == 0)
+			return;
+	}
+	rl.rlim_cur = rl.rlim_max;
+	setrlimit(RLIMIT_NOFILE, &rl);
+}
+
+/* What the process needs before it opens a layer. */
+void sfs_process_init(void)
+{
+	/* Modes come from the kernel already masked; ours must not mask again. */
+	umask(0);
+	sfs_raise_nofile();
+	/*
+	 * A node is allocated by the worker that looks it up and freed by
+	 * whichever one gets the FORGET; with glibc's arena per thread (up
+	 * to 8 per core) freed memory stays in arenas that other threads do
+	 * not allocate from. Nodes live in the shared memory now (shm.c),
+	 * listings and lookups' scratch still in the heap: two arenas and
+	 * the thread caches keep contention low on this 2-core target.
+	 */
+	mallopt(M_ARENA_MAX, 2);
+	sfs_crash_name = getenv("STRATAFS_CRASH_NAME");
+}
 
 /*
  * A layer is held through a private clone of its mount, as the kernel's
@@ -72,7 +118,7 @@ static int sfs_open_layer_at(struct sfs_layer *l, const char *path,
 	if (fstat(l->fd, &st) < 0)
 		return -errno;
 	l->dev = st.st_dev;
-	l->path = strdup(path);
+	l->path = sfs_shm_strdup(path);
 	return l->path ? 0 : -ENOMEM;
 }
 
@@ -389,7 +435,7 @@ int sfs_setup(struct sfs_fs *fs)
 
 		ret = sfs_open_upper_work(fs, &work);
 		fs->workfd = work.fd;
-		free(work.path);
+		sfs_shm_free(work.path);
 		if (ret < 0)
 			goto out;
 		if (work.dev != fs->upper.dev) {
@@ -452,11 +498,11 @@ void sfs_teardown(struct sfs_fs *fs)
 	}
 	for (int i = 0; i < fs->nlower; i++) {
 		close(fs->lower[i].fd);
-		free(fs->lower[i].path);
+		sfs_shm_free(fs->lower[i].path);
 	}
 	if (fs->upper.fd >= 0)
 		close(fs->upper.fd);
-	free(fs->upper.path);
+	sfs_shm_free(fs->upper.path);
 	if (fs->tmpfd >= 0)
 		close(fs->tmpfd);
 	if (fs->indexfd >= 0)
@@ -465,6 +511,92 @@ void sfs_teardown(struct sfs_fs *fs)
 		close(fs->workfd);
 	if (fs->nullfd >= 0)
 		close(fs->nullfd);
+}
+
+/* libfuse takes "-o a=b": commas in a value must be escaped. */
+static int sfs_add_fsname(struct fuse_args *args, const char *source)
+{
+	char *opt = malloc(strlen(source) * 2 + 16);
+	char *w;
+	int ret;
+
+	if (!opt)
+		return -1;
+	w = opt + sprintf(opt, "-ofsname=");
+	for (const char *s = source; *s; s++) {
+		if (*s == ',' || *s == '\\')
+			*w++ = '\\';
+		*w++ = *s;
+	}
+	*w = '\0';
+	ret = fuse_opt_add_arg(args, opt);
+	free(opt);
+	return ret;
+}
+
+/*
+ * The libfuse session, mounted at the mountpoint, or on the connection
+ * DEVFD when it is not -1 (a supervisor exec'd to take over, which finds
+ * the mount made already). NULL when it failed, said on stderr.
+ */
+struct fuse_session *sfs_mount(struct sfs_fs *fs, struct fuse_args *args,
+			       int devfd)
+{
+	struct fuse_session *se;
+	char dev[32];
+
+	/*
+	 * Root mounts like the kernel's overlayfs: device nodes and setuid
+	 * files in an image work, and every user gets in by the mode bits
+	 * (default_permissions). First, so that nodev/nosuid given by the
+	 * user still win.
+	 */
+	if ((geteuid() == 0 &&
+	     fuse_opt_insert_arg(args, 1, fs->params.noallow_other ?
+					      "-odev,suid" :
+					      "-odev,suid,allow_other")) ||
+	    /* without an upper layer the view is read-only, as statvfs says */
+	    (!fs->params.upperdir && fuse_opt_add_arg(args, "-oro")) ||
+	    fuse_opt_add_arg(args, "-odefault_permissions") ||
+	    fuse_opt_add_arg(args, "-osubtype=stratafs") ||
+	    sfs_add_fsname(args, fs->params.source ? fs->params.source :
+						      "stratafs")) {
+		fprintf(stderr, "stratafs: out of memory\n");
+		return NULL;
+	}
+	se = fuse_session_new(args, &sfs_ops, sizeof(sfs_ops), fs);
+	if (!se) {
+		/* libfuse named the option it refused just above */
+		fprintf(stderr, "stratafs: invalid mount options\n");
+		return NULL;
+	}
+	snprintf(dev, sizeof(dev), "/dev/fd/%d", devfd);
+	if (fuse_session_mount(se, devfd >= 0 ? dev : fs->params.mountpoint) ||
+	    sfs_transport_setup(se)) {
+		fuse_session_destroy(se);
+		return NULL;
+	}
+	fs->se = se;
+	return se;
+}
+
+/*
+ * Ends the session, unmounting what it mounted. A session made on a
+ * connection taken over (ADOPTED) never mounted, and libfuse would leave
+ * the mount dead; it is ours all the same, and goes as libfuse takes its
+ * own down: lazily, and only while the connection still lives.
+ */
+void sfs_unmount(struct sfs_fs *fs, bool adopted)
+{
+	struct fuse_session *se = fs->se;
+	struct pollfd pfd = { .fd = fuse_session_fd(se) };
+
+	if (adopted && strncmp(fs->params.mountpoint, "/dev/fd/", 8) &&
+	    poll(&pfd, 1, 0) >= 0 && !(pfd.revents & POLLERR))
+		umount2(fs->params.mountpoint, MNT_DETACH);
+	fuse_session_unmount(se);
+	fuse_session_destroy(se);
+	fs->se = NULL;
 }
 
 static void sfs_op_init(void *userdata, struct fuse_conn_info *conn)

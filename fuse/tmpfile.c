@@ -5,12 +5,9 @@
  * for good (EOPNOTSUPP), where the kernel's overlayfs makes the file in
  * the upper directory.
  *
- * So requests reach libfuse through a transport hook of ours
- * (fuse_session_custom_io): a worker reading a FUSE_TMPFILE request
- * answers it here, on the descriptor it came from (each clone_fd worker
- * has its own), and reads on. The hook leaves libfuse no way to splice
- * requests in, so FUSE_CAP_SPLICE_READ goes; replies are still spliced
- * out.
+ * So the transport (transport.c) hands FUSE_TMPFILE requests here
+ * before libfuse sees them, and they are answered on the descriptor they
+ * came from.
  *
  * The file is an unnamed file in the upper directory (copied up first),
  * a node with no name, and an open handle. A later linkat(2) of it
@@ -41,7 +38,7 @@ static int sfs_tmpfile_reply(int fd, uint64_t unique, int err,
 		out.len += args[i].iov_len;
 	}
 	/* ENOENT: the request was interrupted and is gone */
-	return writev(fd, iov, nargs + 1) < 0 ? -errno : 0;
+	return sfs_transport_writev(fd, iov, nargs + 1) < 0 ? -errno : 0;
 }
 
 /* The unnamed file in the upper directory of IN's node, as a new node. */
@@ -101,7 +98,7 @@ out:
 }
 
 /* Answers a FUSE_TMPFILE request (LEN bytes at BUF) read from FD. */
-static void sfs_tmpfile_request(int fd, const void *buf, size_t len)
+void sfs_tmpfile_request(int fd, const void *buf, size_t len)
 {
 	const struct fuse_in_header *in = buf;
 	const struct fuse_create_in *arg = (const void *)(in + 1);
@@ -127,7 +124,7 @@ static void sfs_tmpfile_request(int fd, const void *buf, size_t len)
 	}
 	sfs_entry_out(&entry, &e);
 	/* FLUSH does nothing here, as for every open (sfs_file_reply) */
-	open.fh = (uintptr_t)f;
+	open.fh = sfs_file_handle(f);
 	open.open_flags = FOPEN_NOFLUSH;
 	iov[0] = (struct iovec){ &entry, sizeof(entry) };
 	iov[1] = (struct iovec){ &open, sizeof(open) };
@@ -139,41 +136,4 @@ static void sfs_tmpfile_request(int fd, const void *buf, size_t len)
 out:
 	if (n)
 		sfs_node_release(n);
-}
-
-static ssize_t sfs_hook_read(int fd, void *buf, size_t len, void *userdata)
-{
-	for (;;) {
-		const struct fuse_in_header *in = buf;
-		ssize_t n = read(fd, buf, len);
-
-		if (n < (ssize_t)sizeof(*in) || in->opcode != FUSE_TMPFILE)
-			return n;
-		sfs_tmpfile_request(fd, buf, n);
-	}
-}
-
-static ssize_t sfs_hook_writev(int fd, struct iovec *iov, int count,
-			       void *userdata)
-{
-	return writev(fd, iov, count);
-}
-
-static ssize_t sfs_hook_splice_send(int fdin, off_t *offin, int fdout,
-				    off_t *offout, size_t len,
-				    unsigned int flags, void *userdata)
-{
-	return splice(fdin, offin, fdout, offout, len, flags);
-}
-
-/* Before INIT: libfuse offers splicing by what the hooks provide. */
-int sfs_tmpfile_setup(struct fuse_session *se)
-{
-	static const struct fuse_custom_io io = {
-		.read = sfs_hook_read,
-		.writev = sfs_hook_writev,
-		.splice_send = sfs_hook_splice_send,
-	};
-
-	return fuse_session_custom_io(se, &io, fuse_session_fd(se));
 }

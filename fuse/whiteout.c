@@ -6,6 +6,7 @@
  * atomically.
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -154,7 +155,8 @@ int sfs_get_redirect(int dirfd, char **out)
 		strata_warn("invalid redirect '%s'", buf);
 		return -EINVAL;
 	}
-	*out = strdup(buf);
+	/* it may end up in a node, which lives in the shared memory */
+	*out = sfs_shm_strdup(buf);
 	return *out ? 0 : -ENOMEM;
 }
 
@@ -178,6 +180,33 @@ int sfs_tmp_name(char *buf, size_t size)
 int sfs_tmp_remove(const char *name)
 {
 	return strata_rmtree_at(sfs->tmpfd, name);
+}
+
+/*
+ * Empties workdir/work: what a worker that died left there half made. Its
+ * successor calls this before serving, when nothing else uses the dir.
+ */
+int sfs_tmp_clear(void)
+{
+	struct dirent *de;
+	DIR *d;
+	int fd, ret = 0;
+
+	if (sfs->tmpfd < 0)
+		return 0;
+	fd = openat(sfs->tmpfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	d = fdopendir(fd);
+	if (!d) {
+		close(fd);
+		return -errno;
+	}
+	while (ret == 0 && (de = readdir(d)))
+		if (strcmp(de->d_name, ".") && strcmp(de->d_name, ".."))
+			ret = strata_rmtree_at(sfs->tmpfd, de->d_name);
+	closedir(d);
+	return ret;
 }
 
 static int sfs_whiteout_tmp(char *tmp, size_t size)

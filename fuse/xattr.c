@@ -357,6 +357,24 @@ int sfs_node_xattr_set(struct sfs_node *n, const char *name, const void *val,
 	return sfs_node_xattr(n, sfs_xattr_set_op, &a);
 }
 
+/*
+ * A SETXATTR with XATTR_CREATE sent again after its worker died (see
+ * transport.c): EEXIST is its own work when the value is the one asked.
+ */
+static int sfs_xattr_resent_set(struct sfs_node *n, const char *name,
+				const char *value, size_t size)
+{
+	char *have = malloc(size + 1);
+	int ret;
+
+	if (!have)
+		return -ENOMEM;
+	ret = sfs_node_xattr_get(n, name, have, size + 1);
+	ret = ret == (int)size && !memcmp(have, value, size) ? 0 : -EEXIST;
+	free(have);
+	return ret;
+}
+
 void sfs_op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
 		     const char *value, size_t size, int flags)
 {
@@ -377,6 +395,8 @@ void sfs_op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
 	atomic_store(&n->nosec, false);	/* it may be a capability */
 	if (ret == 0)
 		ret = sfs_node_xattr_set(n, name, value, size, flags);
+	if (ret == -EEXIST && sfs_req_resent())
+		ret = sfs_xattr_resent_set(n, name, value, size);
 	sfs_node_release(n);
 out:
 	sfs_reply_err(req, ret);
@@ -465,6 +485,9 @@ void sfs_op_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name)
 		ret = sfs_copy_up(n);
 	if (ret == 0)
 		ret = sfs_node_xattr(n, sfs_xattr_remove_op, &a);
+	/* sent again after its worker died: most likely its own work */
+	if (ret == -ENODATA && sfs_req_resent())
+		ret = 0;
 	sfs_node_release(n);
 out:
 	sfs_reply_err(req, ret);

@@ -1,0 +1,222 @@
+/*
+ * resend.c: what a worker that died in the middle of requests leaves
+ * for the next one to count right (see supervisor.c). The kernel sends
+ * again every request a worker read and did not answer; the handlers
+ * make that safe for the filesystem (sfs_req_resent). What is left is
+ * the kernel's lookup counts, which the nodes mirror in nlookup:
+ *
+ *  - FORGET has no answer, so the kernel never sends one again: a batch
+ *    half done would leave nodes forever. A batch is written down in the
+ *    shared memory first, and each entry marked done before it is done:
+ *    the next worker finishes what is left. At worst the entry in hand
+ *    when the worker died is lost; none is ever done twice.
+ *
+ *  - A reply that names nodes (LOOKUP, CREATE, READDIRPLUS...) counts a
+ *    lookup for each before it goes out, as the kernel will once it has
+ *    it. A worker that dies before the reply is out leaves counts the
+ *    kernel never got. Each thread writes down the nodes it counted for
+ *    the request in hand (after counting, so that nothing is ever undone
+ *    that was not done), and clears the list once the reply is out. A
+ *    new worker keeps the lists it finds; when the kernel sends one of
+ *    those requests again, that reply never reached it, and the counts
+ *    are undone. The kernel queues all it sends again ahead of anything
+ *    new: by the first new request, the lists left over were replies
+ *    that did reach it, and are dropped.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <string.h>
+
+#include "stratafs.h"
+
+struct sfs_forgets {
+	uint32_t count;
+	_Atomic uint32_t done;
+	struct {
+		struct sfs_node *node;
+		uint64_t nlookup;
+	} ent[];
+};
+
+struct sfs_replying {
+	_Atomic uint64_t unique;	/* the request, without the resend bit */
+	uint32_t cap;
+	_Atomic uint32_t count;
+	struct sfs_node *node[];
+};
+
+#define SFS_REPLYING_MIN 64
+
+/* This thread's list, in the shared memory. */
+static __thread struct sfs_replying *sfs_replying;
+/* The request this thread is handling. */
+static __thread uint64_t sfs_unique;
+/* Whether lists a dead worker left may still be matched. */
+static atomic_bool sfs_unreplied_open;
+/* Over sfs->unreplied: a list is freed by whoever matches it first. */
+static pthread_mutex_t sfs_unreplied_lock = PTHREAD_MUTEX_INITIALIZER;
+
+void sfs_forget_batch(size_t count, struct fuse_forget_data *forgets)
+{
+	struct sfs_forgets *j = sfs_shm ?
+		sfs_shm_alloc(sizeof(*j) + count * sizeof(j->ent[0])) : NULL;
+
+	if (j) {
+		j->count = (uint32_t)count;
+		for (size_t i = 0; i < count; i++) {
+			j->ent[i].node = sfs_node_get(forgets[i].ino);
+			j->ent[i].nlookup = forgets[i].nlookup;
+		}
+		sfs_shm_tag(j, SFS_SHM_FORGET);
+	}
+	for (size_t i = 0; i < count; i++) {
+		if (j)
+			atomic_store(&j->done, (uint32_t)i + 1);
+		sfs_node_forget(sfs_node_get(forgets[i].ino),
+				forgets[i].nlookup);
+	}
+	if (j) {
+		sfs_shm_tag(j, SFS_SHM_OTHER);
+		sfs_shm_free(j);
+	}
+}
+
+/* A list with room for one more node, or NULL (then it goes unwritten). */
+static struct sfs_replying *sfs_replying_room(void)
+{
+	struct sfs_replying *r = sfs_replying, *big;
+	uint32_t count = r ? atomic_load(&r->count) : 0;
+	uint32_t cap = r ? r->cap * 2 : SFS_REPLYING_MIN;
+
+	if (r && count < r->cap)
+		return r;
+	big = sfs_shm_alloc(sizeof(*big) + cap * sizeof(big->node[0]));
+	if (!big)
+		return NULL;
+	big->cap = cap;
+	atomic_store(&big->unique, sfs_unique);
+	if (r)
+		memcpy(big->node, r->node, count * sizeof(r->node[0]));
+	atomic_store(&big->count, count);
+	/* never two lists for one request: the old one goes first */
+	if (r) {
+		sfs_shm_tag(r, SFS_SHM_OTHER);
+		sfs_shm_free(r);
+	}
+	sfs_shm_tag(big, SFS_SHM_REPLY);
+	sfs_replying = big;
+	return big;
+}
+
+/* N was counted for the reply to the request in hand. */
+void sfs_resend_counted(struct sfs_node *n)
+{
+	struct sfs_replying *r;
+	uint32_t count;
+
+	if (!sfs_shm || !sfs_unique)
+		return;
+	r = sfs_replying;
+	if (r && atomic_load(&r->unique) != sfs_unique) {
+		/* a list a failed reply left (its counts were undone) */
+		atomic_store(&r->count, 0);
+		atomic_store(&r->unique, sfs_unique);
+	}
+	r = sfs_replying_room();
+	if (!r)
+		return;
+	count = atomic_load(&r->count);
+	r->node[count] = n;
+	atomic_store(&r->count, count + 1);
+}
+
+/* The reply to UNIQUE is out: the kernel has the counts now. */
+void sfs_resend_replied(uint64_t unique)
+{
+	struct sfs_replying *r = sfs_replying;
+
+	if (r && atomic_load(&r->unique) == (unique & ~SFS_UNIQUE_RESEND))
+		atomic_store(&r->count, 0);
+}
+
+/* The counts of a reply that never reached the kernel. */
+static void sfs_replying_undo(struct sfs_replying *r)
+{
+	for (uint32_t i = 0; i < atomic_load(&r->count); i++)
+		sfs_node_forget(r->node[i], 1);
+	sfs_shm_tag(r, SFS_SHM_OTHER);
+	sfs_shm_free(r);
+}
+
+static void sfs_replying_drop(struct sfs_replying *r)
+{
+	sfs_shm_tag(r, SFS_SHM_OTHER);
+	sfs_shm_free(r);
+}
+
+/* A request was read: UNIQUE as the kernel sent it. */
+void sfs_resend_request(uint64_t unique, bool resent)
+{
+	sfs_unique = unique & ~SFS_UNIQUE_RESEND;
+	if (!atomic_load(&sfs_unreplied_open))
+		return;
+	pthread_mutex_lock(&sfs_unreplied_lock);
+	for (size_t i = 0; i < SFS_MAX_THREADS * 2; i++) {
+		struct sfs_replying *r = sfs->unreplied[i];
+
+		/* anything new: everything sent again came before it */
+		if (!r || (resent && atomic_load(&r->unique) != sfs_unique))
+			continue;
+		sfs->unreplied[i] = NULL;
+		if (resent)
+			sfs_replying_undo(r);
+		else
+			sfs_replying_drop(r);
+	}
+	if (!resent)
+		atomic_store(&sfs_unreplied_open, false);
+	pthread_mutex_unlock(&sfs_unreplied_lock);
+}
+
+static void sfs_forgets_finish(void *p, void *arg)
+{
+	struct sfs_forgets *j = p;
+
+	for (uint32_t i = atomic_load(&j->done); i < j->count; i++)
+		atomic_fetch_sub(&j->ent[i].node->nlookup, j->ent[i].nlookup);
+	sfs_shm_tag(j, SFS_SHM_OTHER);
+	sfs_shm_free(j);
+}
+
+static void sfs_replying_keep(void *p, void *arg)
+{
+	struct sfs_replying *r = p;
+	size_t *slot = arg;
+
+	if (!atomic_load(&r->count) || *slot == SFS_MAX_THREADS * 2) {
+		sfs_replying_drop(r);	/* at worst a count too many */
+		return;
+	}
+	sfs_shm_tag(r, SFS_SHM_OTHER);
+	sfs->unreplied[(*slot)++] = r;
+}
+
+/*
+ * A new worker, before it counts references again from nlookup: the
+ * FORGETs left half done are finished, and the lists of counts for
+ * replies in flight are kept to be matched (those still kept from the
+ * worker before go: their requests were sent again to it already).
+ */
+void sfs_resend_takeover(void)
+{
+	size_t slot = 0;
+
+	for (size_t i = 0; i < SFS_MAX_THREADS * 2; i++) {
+		if (sfs->unreplied[i])
+			sfs_replying_drop(sfs->unreplied[i]);
+		sfs->unreplied[i] = NULL;
+	}
+	sfs_shm_walk(SFS_SHM_FORGET, sfs_forgets_finish, NULL);
+	sfs_shm_walk(SFS_SHM_REPLY, sfs_replying_keep, &slot);
+	atomic_store(&sfs_unreplied_open, slot > 0);
+}

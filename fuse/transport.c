@@ -1,0 +1,123 @@
+/*
+ * transport.c: how requests come in and replies go out. libfuse reads
+ * and writes /dev/fuse through these hooks (fuse_session_custom_io):
+ *  - FUSE_TMPFILE, which libfuse 3.14 does not know, is answered before
+ *    libfuse sees it (tmpfile.c);
+ *  - a request the kernel sends again after a worker died (its unique
+ *    carries FUSE_UNIQUE_RESEND) is noted for its handler, which may find
+ *    its work done already (sfs_req_resent), and for the lookup counts
+ *    (resend.c), as is each reply that went out;
+ *  - a reply can be captured instead of sent: the INIT exchange, which a
+ *    new worker replays without the kernel ever seeing it (handshake.c).
+ *    Swapping /dev/fuse for a pipe under libfuse would not do: the
+ *    descriptor table is shared with the supervisor (supervisor.c), and
+ *    the connection dies with its last descriptor.
+ * The hooks leave libfuse no way to splice requests in, so
+ * FUSE_CAP_SPLICE_READ goes; replies are still spliced out.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/fuse.h>
+#include <string.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "stratafs.h"
+
+/* Set while the request this thread is handling was sent again. */
+static __thread bool sfs_resent;
+
+/* Where replies go instead of the device; only before the loop runs. */
+static struct sfs_capture *sfs_capturing;
+
+/*
+ * What TSan is told the device orders: a reply before every request it
+ * makes possible (a FORGET after the LOOKUP reply, a RELEASE after the
+ * OPEN). It learns that from read(2) and write(2) on descriptors it saw
+ * opened (io_sync=2), but not on one a binary exec'd for an upgrade
+ * inherits (supervisor.c).
+ */
+static char sfs_device_order;
+
+bool sfs_req_resent(void)
+{
+	return sfs_resent;
+}
+
+void sfs_transport_capture(struct sfs_capture *c)
+{
+	if (c)
+		c->len = 0;
+	sfs_capturing = c;
+}
+
+static ssize_t sfs_hook_read(int fd, void *buf, size_t len, void *userdata)
+{
+	for (;;) {
+		const struct fuse_in_header *in = buf;
+		ssize_t n = read(fd, buf, len);
+
+		SFS_TSAN_ACQUIRE(&sfs_device_order);
+		if (n < (ssize_t)sizeof(*in))
+			return n;
+		sfs_resent = in->unique & SFS_UNIQUE_RESEND;
+		sfs_resend_request(in->unique, sfs_resent);
+		if (in->opcode != FUSE_TMPFILE)
+			return n;
+		sfs_tmpfile_request(fd, buf, n);
+	}
+}
+
+/* Every reply goes out through here: libfuse's, and tmpfile.c's. */
+ssize_t sfs_transport_writev(int fd, struct iovec *iov, int count)
+{
+	const struct fuse_out_header *out = iov[0].iov_base;
+	struct sfs_capture *c = sfs_capturing;
+	size_t total = 0;
+	ssize_t done;
+
+	if (!c) {
+		SFS_TSAN_RELEASE(&sfs_device_order);
+		done = writev(fd, iov, count);
+		/* libfuse puts the header alone in the first vector */
+		if (done > 0 && iov[0].iov_len >= sizeof(*out))
+			sfs_resend_replied(out->unique);
+		return done;
+	}
+	for (int i = 0; i < count; i++) {
+		size_t room = sizeof(c->buf) - c->len;
+		size_t n = iov[i].iov_len < room ? iov[i].iov_len : room;
+
+		memcpy(c->buf + c->len, iov[i].iov_base, n);
+		c->len += n;
+		total += iov[i].iov_len;
+	}
+	return (ssize_t)total;
+}
+
+static ssize_t sfs_hook_writev(int fd, struct iovec *iov, int count,
+			       void *userdata)
+{
+	return sfs_transport_writev(fd, iov, count);
+}
+
+static ssize_t sfs_hook_splice_send(int fdin, off_t *offin, int fdout,
+				    off_t *offout, size_t len,
+				    unsigned int flags, void *userdata)
+{
+	SFS_TSAN_RELEASE(&sfs_device_order);
+	return splice(fdin, offin, fdout, offout, len, flags);
+}
+
+/* Before INIT: libfuse offers splicing by what the hooks provide. */
+int sfs_transport_setup(struct fuse_session *se)
+{
+	static const struct fuse_custom_io io = {
+		.read = sfs_hook_read,
+		.writev = sfs_hook_writev,
+		.splice_send = sfs_hook_splice_send,
+	};
+
+	return fuse_session_custom_io(se, &io, fuse_session_fd(se));
+}
