@@ -1,0 +1,281 @@
+"""stratafs as a supervisor and a worker (fuse/supervisor.c): the worker
+killed, replaced and upgraded under load, and the mount never sees it.
+
+A kill is SIGKILL of the worker, the supervisor's one child. The loads
+(tests/lib/mount_load.py) run as processes of their own, with current
+directories and descriptors inside the mount; any failed call is an error.
+How long the longest call waited is the bench's to report
+(tests/bench/worker-restart.py), never asserted here."""
+
+import collections
+import errno
+import fcntl
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from stratatest import is_mounted, stratafs_binary
+
+LOAD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib",
+                    "mount_load.py")
+# A worker younger than this that dies is counted towards giving up.
+YOUNG = 1.0
+
+
+def worker_of(u, old=None, timeout=10):
+    """The pid of u's worker (other than `old`), once it serves."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            with open(f"/proc/{u.pid}/task/{u.pid}/children") as f:
+                kids = [int(x) for x in f.read().split()]
+        except FileNotFoundError:
+            kids = []
+        if len(kids) == 1 and kids[0] != old:
+            return kids[0]
+        time.sleep(0.01)
+    pytest.fail(f"no new worker under supervisor {u.pid} ({kids})")
+
+
+def fds_of(pid):
+    return sorted(int(x) for x in os.listdir(f"/proc/{pid}/fd"))
+
+
+def start_loads(u, kinds, seconds, tmp):
+    """Starts one load process per kind; returns [(kind, proc, result)]."""
+    for n in range(12):
+        with open(u.path("r", f"f{n}"), "w") as f:
+            f.write(f"f{n}" * 64)
+    os.makedirs(u.path("w"), exist_ok=True)
+    loads = []
+    for k in kinds:
+        res = os.path.join(tmp, f"{k}.json")
+        d = u.path("w") if k == "writer" else u.mnt
+        p = subprocess.Popen([sys.executable, LOAD, k, d, str(seconds), res])
+        loads.append((k, p, res))
+    return loads
+
+
+def finish_loads(loads, timeout):
+    results = {}
+    for k, p, res in loads:
+        assert p.wait(timeout) == 0, f"load {k} failed"
+        with open(res) as f:
+            results[k] = json.load(f)
+    errors = [e for r in results.values() for e in r["errors"]]
+    assert not errors, "\n".join(errors)
+    return results
+
+
+def check_writer(u, results):
+    """Every record the writer had fsync'd is in its file, in order."""
+    with open(u.path("w", "log"), "rb") as f:
+        lines = f.read().splitlines()
+    n = results["writer"]["records"]
+    assert n > 0
+    assert len(lines) >= n
+    for i, line in enumerate(lines[:n]):
+        assert line == f"{i:08d} {'x' * (i % 97)}".encode(), f"record {i}"
+
+
+def layers():
+    lower = {f"r/f{n}": f"f{n}" * 64 for n in range(12)}
+    lower.update({"d/deep/file": "deep", "big": "b" * 100000})
+    return [lower]
+
+
+ALL = ("writer", "reader", "lister", "fsx", "churn", "probe")
+
+
+def kill_workers(u, count, rng_gap=(YOUNG + 0.1, YOUNG + 0.6)):
+    """SIGKILLs the worker `count` times, each once it has served a while."""
+    rng = random.Random(1)
+    w = worker_of(u)
+    for _ in range(count):
+        time.sleep(rng.uniform(*rng_gap))
+        os.kill(w, signal.SIGKILL)
+        w = worker_of(u, old=w)
+    return w
+
+
+def test_worker_killed_under_load(stratafs_only, tmp_path):
+    u = stratafs_only.make(layers())
+    loads = start_loads(u, ALL, 14, str(tmp_path))
+    time.sleep(0.5)
+    kill_workers(u, 8)
+    results = finish_loads(loads, 60)
+    check_writer(u, results)
+    assert results["churn"]["ops"] > 100 and results["fsx"]["ops"] > 100
+    err = u.stderr()
+    assert err.count("worker died of signal 9") == 8
+    assert "giving up" not in err
+
+
+def test_worker_replaced_on_sighup_under_load(stratafs_only, tmp_path):
+    u = stratafs_only.make(layers())
+    loads = start_loads(u, ALL, 8, str(tmp_path))
+    w = worker_of(u)
+    for _ in range(6):
+        time.sleep(0.7)
+        os.kill(u.pid, signal.SIGHUP)
+        w = worker_of(u, old=w)
+    results = finish_loads(loads, 60)
+    check_writer(u, results)
+    err = u.stderr()
+    assert err.count("upgrade: serving the mount on, from this binary") == 6
+    assert "worker died" not in err
+
+
+def test_what_the_kernel_holds_survives(stratafs_only):
+    """Node ids, open handles of deleted files, locks and current
+    directories are the kernel's; a new worker serves them all."""
+    u = stratafs_only.make([{"d/f": "lower", "keep": "k" * 5000}])
+    fd_deleted = os.open(u.path("gone"), os.O_RDWR | os.O_CREAT, 0o644)
+    os.write(fd_deleted, b"still here")
+    os.unlink(u.path("gone"))
+    fd_lower = os.open(u.path("keep"), os.O_RDONLY)
+    fd_lock = os.open(u.path("lockfile"), os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd_lock, fcntl.LOCK_EX)
+    dfd = os.open(u.path("d"), os.O_RDONLY | os.O_DIRECTORY)
+    before = os.stat(u.path("d", "f"))
+    kill_workers(u, 2)
+    assert os.pread(fd_deleted, 100, 0) == b"still here"
+    os.pwrite(fd_deleted, b"STILL", 0)
+    assert os.pread(fd_deleted, 100, 0) == b"STILL here"
+    assert os.pread(fd_lower, 10, 4990) == b"k" * 10
+    # the lock is still ours: another open file description cannot take it
+    other = os.open(u.path("lockfile"), os.O_RDWR)
+    with pytest.raises(BlockingIOError):
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.close(other)
+    assert os.stat("f", dir_fd=dfd).st_ino == before.st_ino
+    assert sorted(os.listdir(dfd)) == ["f"]
+    for fd in (fd_deleted, fd_lower, fd_lock, dfd):
+        os.close(fd)
+
+
+def settled_fds(u):
+    """The descriptors of a fresh worker (its own: none yet) once the
+    kernel forgot every node it could, by what they are open on."""
+    w = worker_of(u)
+    os.kill(u.pid, signal.SIGHUP)
+    w = worker_of(u, old=w)
+    seen = None
+    for _ in range(50):
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("2")
+        os.stat(u.mnt)
+        time.sleep(0.1)
+        now = sorted(os.readlink(f"/proc/{w}/fd/{fd}") for fd in fds_of(w))
+        if now == seen:
+            return now
+        seen = now
+    pytest.fail(f"the worker's descriptors never settle: {seen}")
+
+
+def test_no_descriptor_left_over_after_kills(stratafs_only, tmp_path):
+    """What each dead worker had opened for itself (rings, pipes, lookups
+    in flight) is closed by the next, and nodes only its threads held are
+    freed: the table does not grow."""
+    u = stratafs_only.make(layers())
+    finish_loads(start_loads(u, ("reader", "churn"), 1.5, str(tmp_path)), 30)
+    before = settled_fds(u)
+    loads = start_loads(u, ("reader", "lister", "churn", "fsx"), 9,
+                        str(tmp_path))
+    kill_workers(u, 6)
+    finish_loads(loads, 60)
+    after = settled_fds(u)
+    own = [x for x in after if x.startswith(("anon_inode:", "pipe:", "socket:"))]
+    assert own == [x for x in before if x.startswith(("anon_inode:", "pipe:",
+                                                      "socket:"))]
+    # a lookup the kernel sent again counted the node twice when the dead
+    # worker had counted it before it died: such a node stays until the
+    # unmount (see supervisor.c); no more than one per kill
+    extra = collections.Counter(after) - collections.Counter(before)
+    assert not collections.Counter(before) - collections.Counter(after)
+    assert sum(extra.values()) <= 6, extra
+
+
+def test_workdir_left_clean(stratafs_only, tmp_path):
+    u = stratafs_only.make(layers())
+    loads = start_loads(u, ("churn", "lister"), 5, str(tmp_path))
+    kill_workers(u, 3)
+    finish_loads(loads, 30)
+    worker_of(u)
+    os.kill(u.pid, signal.SIGHUP)
+    worker_of(u)
+    time.sleep(0.2)
+    assert os.listdir(os.path.join(u.work, "work")) == []
+
+
+def test_a_request_that_kills_every_worker_ends_it(stratafs_only):
+    """A lookup that aborts each worker it reaches: the supervisor gives
+    up after five young deaths in a row, and the mount fails (ENOTCONN)
+    rather than loop."""
+    env = dict(os.environ, STRATAFS_CRASH_NAME="poison")
+    u = stratafs_only.make([{"a": "a"}], env=env)
+    with pytest.raises(OSError) as e:
+        os.stat(u.path("poison"))
+    # the supervisor closing the device fails what was in flight
+    assert e.value.errno in (errno.ENOTCONN, errno.ECONNABORTED)
+    assert u.proc.wait(10) == 1
+    err = u.stderr()
+    assert err.count("worker died of signal 6") == 5
+    assert "5 workers in a row died within a second: giving up" in err
+    u.mounted = False
+    if is_mounted(u.mnt):
+        subprocess.run(["umount", "-l", u.mnt], check=False)
+
+
+def test_sigterm_stops_both(stratafs_only):
+    u = stratafs_only.make([{"a": "a"}])
+    w = worker_of(u)
+    os.kill(u.pid, signal.SIGTERM)
+    assert u.proc.wait(10) == 0
+    assert not os.path.exists(f"/proc/{w}")
+    assert not is_mounted(u.mnt)
+    u.mounted = False
+
+
+def test_upgrade_execs_the_binary_on_disk(stratafs_only, tmp_path):
+    """SIGHUP execs the binary at the path the daemon was started from, as
+    it is now: a new file there is the new daemon, without an unmount."""
+    binary = os.path.join(str(tmp_path), "bin", "stratafs")
+    os.makedirs(os.path.dirname(binary))
+    shutil.copy(stratafs_binary(), binary)
+    env = dict(os.environ, STRATAFS_BINARY=binary)
+    u = stratafs_only.make([{"a": "a"}], env=env)
+    fd = os.open(u.path("kept"), os.O_RDWR | os.O_CREAT, 0o644)
+    os.write(fd, b"one")
+    old = os.stat(f"/proc/{u.pid}/exe").st_ino
+    # a package manager's upgrade: a new file renamed over the old
+    shutil.copy(stratafs_binary(), binary + ".new")
+    os.rename(binary + ".new", binary)
+    w = worker_of(u)
+    os.kill(u.pid, signal.SIGHUP)
+    worker_of(u, old=w)
+    assert os.stat(f"/proc/{u.pid}/exe").st_ino == os.stat(binary).st_ino != old
+    os.write(fd, b" two")
+    assert os.pread(fd, 20, 0) == b"one two"
+    os.close(fd)
+    # and a binary gone from its path: the supervisor serves on as it is
+    os.unlink(binary)
+    w = worker_of(u)
+    os.kill(u.pid, signal.SIGHUP)
+    worker_of(u, old=w)
+    assert open(u.path("kept")).read() == "one two"
+    assert "upgrade: exec " + binary in u.stderr()
+
+
+def test_one_process_without_a_supervisor(stratafs_only):
+    u = stratafs_only.make([{"a": "a"}], extra_opts=["nosupervisor"])
+    assert open(u.path("a")).read() == "a"
+    with open(f"/proc/{u.pid}/task/{u.pid}/children") as f:
+        assert f.read().split() == []
