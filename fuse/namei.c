@@ -33,6 +33,11 @@ struct sfs_search {
 	int n;
 	struct sfs_entry dirs[SFS_MAX_LOWERS];
 	bool owned;		/* dirs were opened here (redirect) */
+	/*
+	 * name comes from a redirect xattr, not from the kernel: one too
+	 * long for a layer is simply not in it, as in the kernel's lookup.
+	 */
+	bool redirect;
 	const char *name;
 };
 
@@ -58,6 +63,7 @@ static int sfs_search_redirect(struct sfs_search *s, char *path)
 	int ret = 0;
 
 	s->owned = true;
+	s->redirect = true;
 	s->n = 0;
 	*slash = '\0';
 	for (int l = 0; l < sfs->nlower; l++) {
@@ -133,7 +139,8 @@ static int sfs_lookup_lowers(struct sfs_search *s, struct sfs_found *f)
 
 		if (fstatat(s->dirs[i].fd, s->name, &st,
 			    AT_SYMLINK_NOFOLLOW) < 0) {
-			if (errno != ENOENT && errno != ENOTDIR)
+			if (errno != ENOENT && errno != ENOTDIR &&
+			    !(s->redirect && errno == ENAMETOOLONG))
 				return -errno;
 			if (i + 1 < s->n && sfs_lower_wh(s->dirs[i].fd, s->name))
 				return 1;
@@ -164,6 +171,7 @@ static void sfs_search_dir(struct sfs_search *s, struct sfs_node *dir,
 			   const char *name)
 {
 	s->owned = false;
+	s->redirect = false;
 	s->n = dir->nlower;
 	if (dir->nlower)
 		memcpy(s->dirs, dir->lower, dir->nlower * sizeof(*dir->lower));
@@ -250,6 +258,7 @@ int sfs_lookup_name(struct sfs_node *dir, const char *name,
 	} else {
 		/* A relative redirect (the kernel's, same parent) names the lower entry. */
 		sfs_search_dir(&s, dir, f->redirect ? f->redirect : name);
+		s.redirect = f->redirect != NULL;
 		ret = sfs_lookup_lowers(&s, f);
 	}
 	if (ret < 0)

@@ -101,6 +101,24 @@ static void test_upper(void)
 		sfs_node_release(n);
 	}
 	CHECK_EQ_INT(fx_lookup(&fx, "dir/x", &n), -ENOENT);
+	/*
+	 * A redirect through a name no layer can hold leads nowhere; the
+	 * directory itself stays reachable (found by fuzz/redirect).
+	 */
+	fx_dir(&fx, "u/long");
+	{
+		char val[300] = "/";
+		int fd = openat(fx.fd, "u/long", O_RDONLY | O_DIRECTORY);
+
+		memset(val + 1, 'n', 260);
+		fsetxattr(fd, "trusted.overlay.redirect", val, strlen(val), 0);
+		close(fd);
+	}
+	CHECK_EQ_INT(fx_lookup(&fx, "long", &n), 0);
+	if (n) {
+		CHECK_EQ_INT(n->nlower, 0);
+		sfs_node_release(n);
+	}
 	/* a redirect finds the lower part where it was */
 	CHECK_EQ_INT(fx_lookup(&fx, "moved/y", &n), 0);
 	if (n)
