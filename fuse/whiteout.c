@@ -102,11 +102,11 @@ int sfs_mark_impure(struct sfs_node *dir)
  * NUL bytes) could lead a lookup out of the layers: it is ignored, as
  * the kernel ignores redirects it cannot verify.
  */
-static bool sfs_redirect_valid(const char *r, size_t len)
+bool sfs_redirect_valid(const char *r, size_t len)
 {
 	const char *p = r, *end = r + len;
 
-	if (strlen(r) != len)
+	if (len == 0 || strlen(r) != len)
 		return false;
 	if (*p != '/')
 		return !strchr(r, '/') && strcmp(r, ".") && strcmp(r, "..");

@@ -106,6 +106,8 @@ static void test_xattrs(int dir)
 			CHECK_EQ_INT(sfs_get_redirect(sub, &redirect), 0);
 			CHECK(redirect == NULL);
 		}
+		CHECK(!sfs_redirect_valid("", 0));
+		CHECK(!sfs_redirect_valid("a\0b", 3));
 		CHECK_EQ_INT(sfs_set_redirect(sub, "name"), 0);
 		CHECK_EQ_INT(sfs_get_redirect(sub, &redirect), 0);
 		CHECK_EQ_STR(redirect, "name");
