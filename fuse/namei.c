@@ -163,6 +163,13 @@ static int sfs_lookup_lowers(struct sfs_search *s, struct sfs_found *f)
 		ret = sfs_dir_is_opaque(f->lower[f->nlower - 1].fd, true);
 		if (ret != 0)
 			return ret;
+		/*
+		 * A ".wh.NAME" beside the directory hides NAME below this
+		 * layer but not here: the layer replaced the directory (the
+		 * OCI image spec's rule, as readdir applies it).
+		 */
+		if (i + 1 < s->n && sfs_lower_wh(s->dirs[i].fd, s->name))
+			return 1;
 	}
 	return 0;
 }

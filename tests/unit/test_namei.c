@@ -135,10 +135,39 @@ static void test_upper(void)
 	fixture_done(&fx);
 }
 
+/*
+ * A ".wh.NAME" marker beside a directory NAME in one layer: the layer
+ * replaced the directory, so the ones below do not merge into it
+ * (found by fuzz/whiteout).
+ */
+static void test_marker_beside_dir(void)
+{
+	struct fixture fx;
+	struct sfs_node *n;
+
+	CHECK_EQ_INT(fixture_setup(&fx, 2, false), 0);
+	fx_dir(&fx, "l1/d");
+	fx_file(&fx, "l1/d/mine", "");
+	fx_file(&fx, "l1/.wh.d", "");
+	fx_dir(&fx, "l2/d");
+	fx_file(&fx, "l2/d/old", "");
+	CHECK_EQ_INT(fx_lookup(&fx, "d", &n), 0);
+	if (n) {
+		CHECK_EQ_INT(n->nlower, 1);
+		sfs_node_release(n);
+	}
+	CHECK_EQ_INT(fx_lookup(&fx, "d/mine", &n), 0);
+	if (n)
+		sfs_node_release(n);
+	CHECK_EQ_INT(fx_lookup(&fx, "d/old", &n), -ENOENT);
+	fixture_done(&fx);
+}
+
 int main(void)
 {
 	UNIT_REQUIRE_ROOT();
 	test_rules();
 	test_upper();
+	test_marker_beside_dir();
 	return unit_done("test_namei");
 }
