@@ -124,11 +124,17 @@ bool sfs_redirect_valid(const char *r, size_t len)
 
 int sfs_get_redirect(int dirfd, char **out)
 {
-	char buf[4096];
+	char buf[PATH_MAX];	/* a redirect is a path */
 	ssize_t n;
 
 	*out = NULL;
 	n = fgetxattr(dirfd, sfs->xattr_redirect, buf, sizeof(buf) - 1);
+	if (n < 0 && errno == ERANGE) {
+		/* longer than any path: as invalid as the ones below */
+		strata_warn("ignoring a redirect of more than %zu bytes",
+			    sizeof(buf) - 1);
+		return 0;
+	}
 	if (n < 0)
 		return (errno == ENODATA || errno == ENOTSUP) ? 0 : -errno;
 	if (n == 0)
