@@ -12,6 +12,8 @@ PKGS=(
 	python3 python3-pytest python3-grpcio python3-protobuf python3-yaml
 	attr acl util-linux kmod fuse-overlayfs fio valgrind
 	debhelper dpkg-dev groff-base man-db systemd
+	# the fuzz targets: clang, libFuzzer, and symbols in their reports
+	clang libclang-rt-14-dev llvm
 )
 
 missing=()
