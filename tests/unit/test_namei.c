@@ -71,6 +71,19 @@ static void test_rules(void)
 	fixture_done(&fx);
 }
 
+/* The lower entries merged at path, or the lookup's error. */
+static int lower_count(struct fixture *fx, const char *path)
+{
+	struct sfs_node *n;
+	int ret = fx_lookup(fx, path, &n);
+
+	if (ret < 0)
+		return ret;
+	ret = n->nlower;
+	sfs_node_release(n);
+	return ret;
+}
+
 static void test_upper(void)
 {
 	struct fixture fx;
@@ -114,11 +127,7 @@ static void test_upper(void)
 		fsetxattr(fd, "trusted.overlay.redirect", val, strlen(val), 0);
 		close(fd);
 	}
-	CHECK_EQ_INT(fx_lookup(&fx, "long", &n), 0);
-	if (n) {
-		CHECK_EQ_INT(n->nlower, 0);
-		sfs_node_release(n);
-	}
+	CHECK_EQ_INT(lower_count(&fx, "long"), 0);
 	/* a redirect finds the lower part where it was */
 	CHECK_EQ_INT(fx_lookup(&fx, "moved/y", &n), 0);
 	if (n)
@@ -151,11 +160,7 @@ static void test_marker_beside_dir(void)
 	fx_file(&fx, "l1/.wh.d", "");
 	fx_dir(&fx, "l2/d");
 	fx_file(&fx, "l2/d/old", "");
-	CHECK_EQ_INT(fx_lookup(&fx, "d", &n), 0);
-	if (n) {
-		CHECK_EQ_INT(n->nlower, 1);
-		sfs_node_release(n);
-	}
+	CHECK_EQ_INT(lower_count(&fx, "d"), 1);
 	CHECK_EQ_INT(fx_lookup(&fx, "d/mine", &n), 0);
 	if (n)
 		sfs_node_release(n);
