@@ -166,18 +166,23 @@ int sfs_handshake(struct fuse_session *se)
 	fuse_session_process_buf(se, &buf);
 	sfs_transport_capture(NULL);
 	added = sfs_handshake_patch(cap->buf, (ssize_t)cap->len, want);
-	done = write(fuse_session_fd(se), cap->buf, cap->len);
-	if (done != (ssize_t)cap->len) {
-		/* the device takes a reply whole or not at all */
-		ret = done < 0 ? -errno : -EIO;
-		goto out;
-	}
+	/*
+	 * Said before the reply goes: the mount is up as soon as the kernel
+	 * has it, and whoever reads the log then must find what was agreed.
+	 * A reply that fails ends the session, so nothing acts on it.
+	 */
 	if (added & FUSE_HANDLE_KILLPRIV_V2)
 		strata_debug("INIT: asked for HANDLE_KILLPRIV_V2 as well");
 	if (added & SFS_FUSE_PASSTHROUGH) {
 		atomic_store(&sfs->passthrough, true);
 		strata_info("passthrough: the kernel reads and writes upper "
 			    "files itself");
+	}
+	done = write(fuse_session_fd(se), cap->buf, cap->len);
+	if (done != (ssize_t)cap->len) {
+		/* the device takes a reply whole or not at all */
+		ret = done < 0 ? -errno : -EIO;
+		goto out;
 	}
 out:
 	if (ret < 0)

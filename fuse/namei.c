@@ -77,8 +77,17 @@ static int sfs_check_redirect(int dirfd, struct sfs_lookup *d, size_t prelen,
 			     d->name, r, post);
 	sfs_shm_free(d->redirect);
 	d->redirect = r;
-	if (n < 0 || (size_t)n >= sizeof(buf))
-		return -ENAMETOOLONG;
+	if (n < 0 || (size_t)n >= sizeof(buf)) {
+		/*
+		 * Longer than a path: the kernel walks it all the same and
+		 * finds nothing (a name too long is not there), so it leads
+		 * nowhere below; the directory itself stays reachable.
+		 */
+		strata_warn("redirect '%.64s' gives a path longer than %d "
+			    "bytes: nothing below", r, PATH_MAX);
+		d->stop = true;
+		return 0;
+	}
 	/*
 	 * An ancestor on an absolute path may have been opaque: a redirect
 	 * below it starts the search over from the roots all the same.
@@ -136,6 +145,13 @@ static int sfs_lookup_single(int base, struct sfs_lookup *d, const char *name,
 	if (fd < 0)
 		return fd;
 	ret = sfs_dir_is_opaque(fd, lower);
+	/*
+	 * A ".wh.NAME" marker beside a lower directory hides NAME below its
+	 * layer, not there: the layer replaced the directory (the OCI image
+	 * spec's rule, as readdir.c applies it), so nothing below merges.
+	 */
+	if (ret == 0 && lower && sfs_lower_wh(base, name))
+		ret = 1;
 	if (ret > 0) {
 		d->stop = true;
 		if (last)

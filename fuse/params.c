@@ -164,11 +164,33 @@ int sfs_params_escape(int argc, char **argv, struct fuse_args *out)
 	return 0;
 }
 
+/*
+ * upperdir= and workdir= take the escapes of lowerdir= ("\:" and "\\"),
+ * as the kernel's options do: a line written for kernel overlayfs names
+ * the same directories here, and a path holding a backslash can be
+ * given at all (fuse_opt drops every backslash that is not escaped).
+ */
+static void sfs_unescape_path(char *s)
+{
+	char *w = s;
+
+	for (; *s; s++) {
+		if (s[0] == '\\' && (s[1] == ':' || s[1] == '\\'))
+			s++;
+		*w++ = *s;
+	}
+	*w = '\0';
+}
+
 int sfs_params_parse(struct fuse_args *args, struct sfs_params *p)
 {
 	memset(p, 0, sizeof(*p));
 	if (fuse_opt_parse(args, p, sfs_opt_spec, sfs_opt_proc) < 0)
 		return -EINVAL;
+	if (p->upperdir)
+		sfs_unescape_path(p->upperdir);
+	if (p->workdir)
+		sfs_unescape_path(p->workdir);
 	if (p->show_help || p->show_version)
 		return 0;
 	if (!p->mountpoint) {

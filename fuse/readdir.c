@@ -162,26 +162,29 @@ static int sfs_lister_push(struct sfs_lister *l, const char *name,
 	return 0;
 }
 
-/* Remembers a name as hidden (whiteout) so deeper layers skip it. */
-static int sfs_lister_hide(struct sfs_lister *l, const char *name)
+/* Keeps a hidden name; it joins the set when the caller says. */
+static int sfs_lister_own(struct sfs_lister *l, const char *name)
 {
 	char **owned = realloc(l->owned, (l->nowned + 1) * sizeof(*owned));
-	char *dup;
-	int ret;
 
 	if (!owned)
 		return -ENOMEM;
 	l->owned = owned;
-	dup = strdup(name);
-	if (!dup)
+	owned[l->nowned] = strdup(name);
+	if (!owned[l->nowned])
 		return -ENOMEM;
-	ret = sfs_nameset_add(&l->seen, dup);
-	if (ret <= 0) {
-		free(dup);
-		return ret;
-	}
-	l->owned[l->nowned++] = dup;
+	l->nowned++;
 	return 0;
+}
+
+/* Remembers a name as hidden (whiteout) so deeper layers skip it. */
+static int sfs_lister_hide(struct sfs_lister *l, const char *name)
+{
+	int ret = sfs_lister_own(l, name);
+
+	if (ret == 0)
+		ret = sfs_nameset_add(&l->seen, l->owned[l->nowned - 1]);
+	return ret < 0 ? ret : 0;
 }
 
 static bool sfs_lister_has(struct sfs_lister *l, const char *name)
@@ -219,6 +222,7 @@ static uint64_t sfs_entry_ino(struct sfs_lister *l, int dirfd, int layer,
 
 static int sfs_list_layer(struct sfs_lister *l, int fd, int layer)
 {
+	size_t marks = l->nowned;	/* this layer's OCI markers start here */
 	struct dirent *de;
 	bool xwh = false;
 	char val[2];
@@ -245,9 +249,15 @@ static int sfs_list_layer(struct sfs_lister *l, int fd, int layer)
 
 		if (!strcmp(name, ".") || !strcmp(name, ".."))
 			continue;
+		/*
+		 * A ".wh.NAME" marker hides NAME in the layers below its
+		 * own, never beside it (the OCI image spec): it joins the
+		 * set once the whole layer is listed, whatever the order
+		 * readdir gives.
+		 */
 		if (layer > 0 && sfs_is_wh_name(name)) {
 			if (strcmp(name, WH_OPAQUE_NAME)) {
-				ret = sfs_lister_hide(l, name + 4);
+				ret = sfs_lister_own(l, name + 4);
 				if (ret < 0)
 					break;
 			}
@@ -283,6 +293,12 @@ static int sfs_list_layer(struct sfs_lister *l, int fd, int layer)
 	if (ret == 0 && errno)
 		ret = -errno;
 	closedir(d);
+	for (size_t i = marks; ret == 0 && i < l->nowned; i++) {
+		int added = sfs_nameset_add(&l->seen, l->owned[i]);
+
+		if (added < 0)
+			ret = added;
+	}
 	return ret;
 }
 

@@ -551,6 +551,7 @@ int sfs_is_xwhiteout(int dirfd, const char *name, const struct stat *st);
 int sfs_set_opaque(int dirfd);
 int sfs_dir_is_impure(int dirfd);
 int sfs_mark_impure(struct sfs_node *dir);
+bool sfs_redirect_valid(const char *r, size_t len);
 int sfs_get_redirect(int dirfd, char **out);
 int sfs_set_redirect(int dirfd, const char *path);
 int sfs_whiteout_create(int dirfd, const char *name);

@@ -117,15 +117,16 @@ int sfs_mark_impure(struct sfs_node *dir)
 
 /*
  * A redirect is an absolute path of non-empty names, or one name (the
- * relative form): anything else is refused with EINVAL, as the kernel
- * refuses it, never walked. "." and ".." pass here and are refused
- * where a walk meets them (EACCES, namei.c), as the kernel does too.
+ * relative form), with no NUL byte: anything else, an empty value too,
+ * is refused with EINVAL, as the kernel refuses it, never walked. "."
+ * and ".." pass here and are refused where a walk meets them (EACCES,
+ * namei.c), as the kernel does too.
  */
-static bool sfs_redirect_valid(const char *r, size_t len)
+bool sfs_redirect_valid(const char *r, size_t len)
 {
 	const char *p = r, *end = r + len;
 
-	if (strlen(r) != len)
+	if (len == 0 || strlen(r) != len)
 		return false;
 	if (*p != '/')
 		return !strchr(r, '/');
@@ -140,22 +141,66 @@ static bool sfs_redirect_valid(const char *r, size_t len)
 	return true;
 }
 
+/* Refuses a malformed value (N bytes at BUF), as the kernel does. */
+static int sfs_redirect_check(const char *buf, size_t n)
+{
+	if (sfs_redirect_valid(buf, n))
+		return 0;
+	strata_warn("invalid redirect '%.*s'", PATH_MAX, buf);
+	return -EINVAL;
+}
+
+/*
+ * A value longer than a path (tmpfs holds one, ext4 without ea_inode
+ * does not) is read whole, as the kernel reads every redirect: refused
+ * when malformed, like any other; when well formed, the lookup walks it
+ * and finds nothing there (namei.c), and the directory stays reachable.
+ */
+static int sfs_get_long_redirect(int dirfd, char **out)
+{
+	ssize_t size, n;
+	char *buf;
+	int ret;
+
+	size = fgetxattr(dirfd, sfs->xattr_redirect, NULL, 0);
+	if (size < 0)
+		return errno == ENODATA ? 0 : -errno;	/* removed meanwhile */
+	/* it may end up in a node, which lives in the shared memory */
+	buf = sfs_shm_alloc(size + 1);
+	if (!buf)
+		return -ENOMEM;
+	n = fgetxattr(dirfd, sfs->xattr_redirect, buf, size);
+	if (n < 0) {
+		ret = -errno;	/* changed meanwhile: the kernel fails too */
+		goto out;
+	}
+	buf[n] = '\0';
+	ret = sfs_redirect_check(buf, n);
+	if (ret == 0) {
+		*out = buf;
+		buf = NULL;
+	}
+out:
+	sfs_shm_free(buf);
+	return ret;
+}
+
 int sfs_get_redirect(int dirfd, char **out)
 {
 	char buf[PATH_MAX];
 	ssize_t n;
+	int ret;
 
 	*out = NULL;
 	n = fgetxattr(dirfd, sfs->xattr_redirect, buf, sizeof(buf) - 1);
+	if (n < 0 && errno == ERANGE)
+		return sfs_get_long_redirect(dirfd, out);
 	if (n < 0)
-		return (errno == ENODATA || errno == ENOTSUP) ? 0 :
-		       errno == ERANGE ? -EINVAL : -errno;
+		return (errno == ENODATA || errno == ENOTSUP) ? 0 : -errno;
 	buf[n] = '\0';
-	if (n == 0 || !sfs_redirect_valid(buf, n)) {
-		strata_warn("invalid redirect '%s'", buf);
-		return -EINVAL;
-	}
-	/* it may end up in a node, which lives in the shared memory */
+	ret = sfs_redirect_check(buf, n);
+	if (ret < 0)
+		return ret;
 	*out = sfs_shm_strdup(buf);
 	return *out ? 0 : -ENOMEM;
 }

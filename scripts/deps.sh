@@ -13,9 +13,12 @@ PKGS=(
 	attr acl util-linux kmod fuse-overlayfs fio valgrind
 	debhelper dpkg-dev groff-base man-db systemd
 )
+# The fuzz targets' own build (never the package's): clang, libFuzzer,
+# and llvm-symbolizer for their reports.
+FUZZ_PKGS=(clang libclang-rt-14-dev llvm)
 
 missing=()
-for p in "${PKGS[@]}"; do
+for p in "${PKGS[@]}" "${FUZZ_PKGS[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" ||
 		missing+=("$p")
 done

@@ -2,12 +2,14 @@
 # The whole test suite: unit programs, the integration suite over real
 # mounts (kernel overlayfs as the oracle, stratafs as built), the CSI
 # plugin suite over a real socket, and the same again on an
-# AddressSanitizer+UBSan build, and the race suite on a ThreadSanitizer
-# build, two copies at once. Ends with one line
+# AddressSanitizer+UBSan build, the race suite on a ThreadSanitizer
+# build, two copies at once, and the libFuzzer targets (fuzz/) for
+# FUZZ_SECONDS (60) each, two at a time. Ends with one line
 # "N passed, N failed".
 #
 #   scripts/test.sh               everything
-#   scripts/test.sh --quick       skip the sanitizer pass
+#   scripts/test.sh --quick       skip the sanitizer pass; the fuzz
+#                                 targets only replay their seeds
 #   PYTEST_ARGS="-k rename" scripts/test.sh   pass options to pytest
 set -uo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
@@ -128,6 +130,24 @@ run_packaging() {
 	count_junit "$results/packaging.xml"
 }
 
+# The fuzz targets, in their clang build: each fuzzed for FUZZ_SECONDS,
+# or with --quick each seed replayed once. A crash, a leak, a broken
+# property, a hang or running out of memory fails the target, and the
+# finding is printed (fuzz/README.md says how to replay it).
+run_fuzz() {
+	local goal=fuzz-run log=$results/fuzz.log p f
+	[ "$quick" -eq 1 ] && goal=fuzz-check
+	echo "== fuzz ($goal)"
+	make -C build-fuzz -s --no-print-directory "$goal" \
+		FUZZ_SECONDS="${FUZZ_SECONDS:-60}" >"$log" 2>&1
+	grep -v '^make: \*\*\*' "$log"
+	p=$(grep -c '^PASS:' "$log")
+	f=$(grep -c '^FAIL:' "$log")
+	passed=$((passed + p))
+	failed=$((failed + f))
+	[ "$p" -eq 0 ] && [ "$f" -eq 0 ] && failed=$((failed + 1))
+}
+
 echo "== build"
 if ! scripts/build.sh build; then
 	echo "0 passed, 1 failed"
@@ -143,6 +163,13 @@ STRATAFS_OPTS=passthrough run_integration integration-passthrough \
 	"$top/build/stratafs" -m stratafs -k "not valgrind and not memory"
 run_csi csi "$top/build"
 run_packaging "$top/build"
+
+echo "== build (libFuzzer targets, clang)"
+if scripts/build.sh build-fuzz --enable-fuzz; then
+	run_fuzz
+else
+	failed=$((failed + 1))
+fi
 
 if [ "$quick" -eq 0 ]; then
 	echo "== build (AddressSanitizer + UBSan)"

@@ -193,6 +193,23 @@ def test_oci_whiteout_hides_lower_entries(stratafs_only):
         assert errno_of(os.lstat, u.path(p)) == errno.ENOENT, p
 
 
+def test_oci_whiteout_beside_its_name(stratafs_only):
+    """A layer holding NAME and .wh.NAME: the marker hides the layers
+    below, never its own (the OCI image spec); a directory there replaced
+    the one below, which does not merge into it (found by fuzz/whiteout)."""
+    names = [f"n{i}" for i in range(16)]          # no lucky readdir order
+    top = dict({n: "top" for n in names}, **{"d/mine": "m"})
+    u = stratafs_only.make(lowers=[top, {"d/old": "o", "n0": "below"}],
+                           mount=False)
+    for n in names + ["d"]:
+        open(u.lpath(0, ".wh." + n), "wb").close()
+    u.mount()
+    assert listing(u.mnt) == sorted(["d"] + names)
+    assert read_bytes(u.path("n0")) == b"top"
+    assert listing(u.path("d")) == ["mine"]
+    assert errno_of(os.lstat, u.path("d", "old")) == errno.ENOENT
+
+
 def test_oci_opaque_marker(stratafs_only):
     u = stratafs_only.make(lowers=[{"o": ("oci_opaque",), "o/new": "n"},
                                    {"o/old": "o", "o/sub/x": "x", "p/q": "q"}])

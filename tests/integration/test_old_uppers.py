@@ -186,6 +186,22 @@ def test_hostile_redirect_in_a_lower_is_refused(union, value, err):
     assert read_bytes(u.path("ok")) == b"fine"
 
 
+def test_redirect_past_path_max_leads_nowhere(union):
+    """A redirect that, joined to the rest of a walk, names a path longer
+    than PATH_MAX: the kernel walks it and finds nothing, and the
+    directory stays, its own entries in view (found by fuzz/redirect)."""
+    comp = "p" * 250
+    u = union.make(lowers=[{"c/f": "own"}, {"a": ("dir",)}, {"a/b": "b"}],
+                   mount=False)
+    os.setxattr(u.lpath(0, "c"), "trusted.overlay.redirect",
+                ("/a" + ("/" + comp) * 6).encode())
+    os.setxattr(u.lpath(1, "a"), "trusted.overlay.redirect",
+                (("/" + comp) * 11).encode())
+    u.mount()
+    assert os.listdir(u.path("c")) == ["f"]
+    assert os.listdir(u.path("a")) == []
+
+
 def test_redirect_to_an_ancestor_is_not_a_loop(union):
     """A lower dir redirected to its own parent shows the parent's lower
     content, one level, as the kernel does: nothing recurses."""

@@ -24,15 +24,18 @@ struct fixture {
 	struct sfs_fs fs;
 };
 
-/* Layers l1 (top) .. lN, u (upper), w (work), m (mountpoint). */
-static inline int fixture_init(struct fixture *fx, int nlowers, bool upper)
+/* Layers l1 (top) .. lN, u (upper), w (work), m (mountpoint) in BASE. */
+static inline int fixture_init_in(struct fixture *fx, const char *base,
+				  int nlowers, bool upper)
 {
 	char buf[4096] = "";
 	size_t len = 0;
+	int n;
 
 	memset(fx, 0, sizeof(*fx));
-	snprintf(fx->root, sizeof(fx->root), "/tmp/strata-unit-XXXXXX");
-	if (!mkdtemp(fx->root))
+	n = snprintf(fx->root, sizeof(fx->root), "%s/strata-unit-XXXXXX",
+		     base);
+	if (n < 0 || (size_t)n >= sizeof(fx->root) || !mkdtemp(fx->root))
 		return -1;
 	fx->fd = open(fx->root, O_RDONLY | O_DIRECTORY);
 	for (int i = 1; i <= nlowers; i++) {
@@ -56,6 +59,14 @@ static inline int fixture_init(struct fixture *fx, int nlowers, bool upper)
 	snprintf(buf, sizeof(buf), "%s/m", fx->root);
 	fx->fs.params.mountpoint = strdup(buf);
 	return 0;
+}
+
+static inline int fixture_init(struct fixture *fx, int nlowers, bool upper)
+{
+	const char *tmp = getenv("TMPDIR");
+
+	/* $TMPDIR lets the fuzz targets put their layers on a tmpfs */
+	return fixture_init_in(fx, tmp && *tmp ? tmp : "/tmp", nlowers, upper);
 }
 
 static inline int fixture_setup(struct fixture *fx, int nlowers, bool upper)
@@ -99,6 +110,15 @@ static inline void fx_opaque(struct fixture *fx, const char *path)
 	int fd = openat(fx->fd, path, O_RDONLY | O_DIRECTORY);
 
 	fsetxattr(fd, "trusted.overlay.opaque", "y", 1, 0);
+	close(fd);
+}
+
+static inline void fx_redirect(struct fixture *fx, const char *path,
+			       const char *value)
+{
+	int fd = openat(fx->fd, path, O_RDONLY | O_DIRECTORY);
+
+	fsetxattr(fd, "trusted.overlay.redirect", value, strlen(value), 0);
 	close(fd);
 }
 
