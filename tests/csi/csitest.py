@@ -332,6 +332,15 @@ def pids_referencing(base):
     return out
 
 
+def is_worker(pid):
+    """Whether pid is a stratafs worker (the child of a supervisor)."""
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip() == "stratafs-worker"
+    except OSError:
+        return False
+
+
 def daemons_of(root):
     """Live stratafs processes serving a volume of the store at `root`."""
     out = []
@@ -341,7 +350,9 @@ def daemons_of(root):
                 argv0 = f.read().split(b"\0")[0]
         except OSError:
             continue
-        if os.path.basename(argv0) == b"stratafs":
+        # A supervised daemon's worker shares its supervisor's
+        # descriptors; the supervisor alone stands for the volume.
+        if os.path.basename(argv0) == b"stratafs" and not is_worker(pid):
             out.append(pid)
     return out
 

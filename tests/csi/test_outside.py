@@ -143,7 +143,9 @@ def mapped_files(pid):
     with open(f"/proc/{pid}/maps") as f:
         for line in f:
             parts = line.split(None, 5)
-            if len(parts) == 6 and parts[5].startswith("/"):
+            # a memfd (the daemon's shared state) is memory, not a file
+            if len(parts) == 6 and parts[5].startswith("/") and \
+                    not parts[5].startswith("/memfd:"):
                 out.add(parts[5].strip())
     return out
 
