@@ -20,7 +20,8 @@
  * any of them makes a new directory, and a running daemon's files are
  * never written again. A directory is built under a temporary name and
  * renamed into place, so a crash or a full disk leaves no half-made one
- * under the final name.
+ * under the final name. A copy no process runs any more is removed when
+ * a newer one is made current.
  */
 #include <dirent.h>
 #include <elf.h>
@@ -36,6 +37,7 @@
 #include "csi.h"
 
 #define CSI_BUNDLE_MAX 32 /* the binary, its interpreter and libraries */
+#define CSI_BUNDLE_CURRENT "current"
 
 struct csi_bundle {
 	int n;
@@ -309,9 +311,89 @@ static int csi_bundle_write(const struct csi_bundle *b, int dirfd,
 }
 
 /*
+ * DIR/current names the newest copy: the daemons' supervisors exec
+ * DIR/current/stratafs when asked for a new worker (admin.c), which is
+ * how a plugin upgrade reaches daemons that run on. Replaced by a rename,
+ * so that it always names a whole copy.
+ */
+static int csi_bundle_point(int dirfd, const char *final)
+{
+	static const char tmp[] = ".tmp-" CSI_BUNDLE_CURRENT;
+
+	unlinkat(dirfd, tmp, 0);
+	if (symlinkat(final, dirfd, tmp) < 0)
+		return -errno;
+	if (renameat(dirfd, tmp, dirfd, CSI_BUNDLE_CURRENT) < 0) {
+		int ret = -errno;
+
+		unlinkat(dirfd, tmp, 0);
+		return ret;
+	}
+	return fsync(dirfd) < 0 ? -errno : 0;
+}
+
+/* Whether a process on the host runs a program from DIR/name. */
+static bool csi_bundle_used(const char *dir, const char *name)
+{
+	char prefix[PATH_MAX], path[NAME_MAX + 16], exe[PATH_MAX];
+	DIR *proc = opendir("/proc");
+	struct dirent *e;
+	bool used = false;
+	size_t len;
+
+	if (!proc)
+		return true;	/* cannot tell: keep it */
+	len = (size_t)snprintf(prefix, sizeof(prefix), "%s/%s/", dir, name);
+	while (!used && (e = readdir(proc))) {
+		ssize_t n;
+
+		if (e->d_name[0] < '1' || e->d_name[0] > '9')
+			continue;
+		snprintf(path, sizeof(path), "/proc/%s/exe", e->d_name);
+		n = readlink(path, exe, sizeof(exe) - 1);
+		if (n < 0)
+			continue;
+		exe[n] = '\0';
+		used = !strncmp(exe, prefix, len);
+	}
+	closedir(proc);
+	return used;
+}
+
+/*
+ * Copies no daemon runs any more: an older plugin's, once its daemons
+ * were replaced or stopped. The one being pointed at stays, whatever.
+ */
+static void csi_bundle_sweep(int dirfd, const char *final)
+{
+	char dir[PATH_MAX], path[64];
+	DIR *d;
+	struct dirent *e;
+	ssize_t n;
+
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", dirfd);
+	n = readlink(path, dir, sizeof(dir) - 1);
+	if (n < 0)
+		return;
+	dir[n] = '\0';
+	d = csi_opendir_at(dirfd, ".");
+	if (!d)
+		return;
+	while ((e = readdir(d)))
+		if (!strncmp(e->d_name, "stratafs-", 9) &&
+		    strcmp(e->d_name, final) &&
+		    !csi_bundle_used(dir, e->d_name)) {
+			strata_info("removing %s/%s: no daemon runs it",
+				    dir, e->d_name);
+			strata_rmtree_at(dirfd, e->d_name);
+		}
+	closedir(d);
+}
+
+/*
  * Copies the daemon binary into the binary directory (once per content)
  * and points the host at it: h->exec is what the child executes, from
- * h->libdir, with h->ldpath in its environment.
+ * h->libdir, with h->ldpath and h->binpath in its environment.
  */
 int csi_bundle_prepare(struct csi_plugin *p, char *why, size_t size)
 {
@@ -366,9 +448,18 @@ int csi_bundle_prepare(struct csi_plugin *p, char *why, size_t size)
 		}
 		strata_info("stratafs copied to %s/%s", dir, final);
 	}
+	ret = csi_bundle_point(dirfd, final);
+	if (ret) {
+		snprintf(why, size, "pointing %s/%s at %s: %s", dir,
+			 CSI_BUNDLE_CURRENT, final, strerror(-ret));
+		goto out;
+	}
+	csi_bundle_sweep(dirfd, final);
 	if (asprintf(&h->libdir, "%s/%s", dir, final) < 0 ||
 	    asprintf(&h->exec, "%s/%s/stratafs", dir, final) < 0 ||
-	    asprintf(&h->ldpath, "LD_LIBRARY_PATH=%s/%s", dir, final) < 0) {
+	    asprintf(&h->ldpath, "LD_LIBRARY_PATH=%s/%s", dir, final) < 0 ||
+	    asprintf(&h->binpath, "STRATAFS_BINARY=%s/%s/stratafs", dir,
+		     CSI_BUNDLE_CURRENT) < 0) {
 		ret = -ENOMEM;
 		snprintf(why, size, "%s", strerror(ENOMEM));
 	}

@@ -23,6 +23,7 @@
 
 #include <json-c/json.h>
 
+#include "admin.pb-c.h"
 #include "csi.pb-c.h"
 #include "strata.h"
 
@@ -99,6 +100,7 @@ struct csi_host {
 	char *exec;		/* what the child executes */
 	char *libdir;		/* the bundle (--daemon-binary-dir): its cwd */
 	char *ldpath;		/* "LD_LIBRARY_PATH=<bundle>", or NULL */
+	char *binpath;		/* "STRATAFS_BINARY=<dir>/current/stratafs" */
 	int ncgroups;		/* one per cgroup hierarchy, 0: none */
 	char *cgroups[CSI_MAX_CGROUPS];	/* <hierarchy>/<name>, for messages */
 	int cgroup_fds[CSI_MAX_CGROUPS]; /* O_PATH on each */
@@ -259,10 +261,13 @@ void csi_client_close(struct csi_client *c);
 /* reply.c: "NOT_FOUND", a status code as the spec spells it */
 const char *csi_code_name(enum csi_code code);
 
-/* identity.c, controller.c, node.c: method tables, NULL-path terminated */
+/* identity.c, controller.c, node.c, admin.c: method tables, NULL-path terminated */
 extern const struct csi_method csi_identity_methods[];
 extern const struct csi_method csi_controller_methods[];
 extern const struct csi_method csi_node_methods[];
+extern const struct csi_method csi_admin_methods[];
+/* identity.c: every table above, NULL terminated: what the socket serves */
+extern const struct csi_method *const csi_services[];
 
 /* reply.c */
 void csi_reply_set(struct csi_reply *r, enum csi_code code,

@@ -152,8 +152,9 @@ fail:
 
 /*
  * The daemon's environment: the plugin's, with a bundle's library path in
- * place of any LD_LIBRARY_PATH of its own. Built before the fork: the
- * child may not allocate.
+ * place of any LD_LIBRARY_PATH of its own, and the newest bundle's binary
+ * as the one its supervisor execs for a new worker. Built before the
+ * fork: the child may not allocate.
  */
 static int csi_daemon_env(const struct csi_host *h, struct csi_spawn *sp)
 {
@@ -164,13 +165,15 @@ static int csi_daemon_env(const struct csi_host *h, struct csi_spawn *sp)
 		return 0;
 	while (environ[n])
 		n++;
-	sp->envp = calloc(n + 2, sizeof(char *));
+	sp->envp = calloc(n + 3, sizeof(char *));
 	if (!sp->envp)
 		return -ENOMEM;
 	for (size_t i = 0; i < n; i++)
-		if (strncmp(environ[i], "LD_LIBRARY_PATH=", 16))
+		if (strncmp(environ[i], "LD_LIBRARY_PATH=", 16) &&
+		    strncmp(environ[i], "STRATAFS_BINARY=", 16))
 			sp->envp[j++] = environ[i];
-	sp->envp[j] = h->ldpath;
+	sp->envp[j++] = h->ldpath;
+	sp->envp[j] = h->binpath;
 	return 0;
 }
 

@@ -222,5 +222,6 @@ void csi_host_free(struct csi_host *h)
 	free(h->exec);
 	free(h->libdir);
 	free(h->ldpath);
-	h->exec = h->libdir = h->ldpath = NULL;
+	free(h->binpath);
+	h->exec = h->libdir = h->ldpath = h->binpath = NULL;
 }

@@ -99,3 +99,8 @@ const struct csi_method csi_identity_methods[] = {
 	  csi_probe },
 	{ NULL },
 };
+
+const struct csi_method *const csi_services[] = {
+	csi_identity_methods, csi_controller_methods, csi_node_methods,
+	csi_admin_methods, NULL,
+};

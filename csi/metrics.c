@@ -325,15 +325,12 @@ static int csi_parse_addr(const char *addr, struct addrinfo **ai)
 
 int csi_metrics_start(struct csi_plugin *p, const char *addr)
 {
-	const struct csi_method *tables[] = { csi_identity_methods,
-					       csi_controller_methods,
-					       csi_node_methods };
 	struct addrinfo *ai;
 	int ret;
 
 	csi_m.p = p;
-	for (size_t t = 0; t < sizeof(tables) / sizeof(tables[0]); t++)
-		for (const struct csi_method *m = tables[t];
+	for (size_t t = 0; csi_services[t]; t++)
+		for (const struct csi_method *m = csi_services[t];
 		     m->path && csi_m.nmethods < CSI_MAX_METHODS; m++)
 			csi_m.methods[csi_m.nmethods++] = m;
 	if (!addr)

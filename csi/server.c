@@ -147,12 +147,8 @@ out_fail:
 static const struct csi_method *csi_method_find(struct csi_server *srv,
 						 grpc_slice path)
 {
-	const struct csi_method *tables[] = { csi_identity_methods,
-					       csi_controller_methods,
-					       csi_node_methods };
-
-	for (size_t t = 0; t < sizeof(tables) / sizeof(tables[0]); t++)
-		for (const struct csi_method *m = tables[t]; m->path; m++) {
+	for (size_t t = 0; csi_services[t]; t++)
+		for (const struct csi_method *m = csi_services[t]; m->path; m++) {
 			if (m->mode && !(m->mode & srv->p->cfg.modes))
 				continue;
 			if (!grpc_slice_str_cmp(path, m->path))

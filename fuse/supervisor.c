@@ -149,6 +149,35 @@ static int sfs_keep_on_exec(int fd, void *sv)
 }
 
 /*
+ * A binary copied with its loader and libraries (the CSI plugin's daemon
+ * bundle) names its loader relative to its own directory and finds its
+ * libraries through LD_LIBRARY_PATH, the bundle. The next binary, REAL
+ * (resolved, through the bundle directory's "current" link), may be in
+ * another bundle: this process moves into it, and when it runs as a
+ * bundle itself, its library path goes along, so that the new loader
+ * never loads the old libraries (nor the old one, on the way back, the
+ * new ones).
+ */
+static void sfs_super_bundle(const char *real)
+{
+	const char *lib = getenv("LD_LIBRARY_PATH");
+	char *copy = strdup(real), *self = realpath("/proc/self/exe", NULL);
+	const char *dir;
+
+	if (!copy)
+		goto out;
+	dir = dirname(copy);
+	if (chdir(dir) < 0)
+		strata_warn("upgrade: cd %s: %s", dir, strerror(errno));
+	if (lib && self && !strcmp(lib, dirname(self)) &&
+	    setenv("LD_LIBRARY_PATH", dir, 1) < 0)
+		strata_warn("upgrade: LD_LIBRARY_PATH: %s", strerror(errno));
+out:
+	free(self);
+	free(copy);
+}
+
+/*
  * Execs BIN (a path, or the descriptor FD when BIN is NULL) in this
  * process, with SPEC saying where the state is; returns only when it
  * failed.
@@ -156,16 +185,20 @@ static int sfs_keep_on_exec(int fd, void *sv)
 static int sfs_super_exec(struct sfs_super *sv, const char *bin, int fd,
 			  const char *spec)
 {
-	char *dir = bin ? strdup(bin) : NULL;
+	const char *lib = getenv("LD_LIBRARY_PATH");
+	char link[64], *real, *oldlib = lib ? strdup(lib) : NULL;
+	int cwd, ret;
 
+	sfs_proc_path(fd, link, sizeof(link));
+	real = realpath(bin ? bin : link, NULL);
 	sfs_fd_each(sfs_keep_on_exec, sv);
-	/*
-	 * A binary copied with its loader (the CSI plugin's daemon bundle)
-	 * finds it relative to its own directory.
-	 */
-	if (dir && chdir(dirname(dir)) < 0)
-		strata_warn("upgrade: cd %s: %s", dir, strerror(errno));
-	free(dir);
+	/* opened after the sweep above: the next binary never holds it */
+	cwd = open(".", O_PATH | O_DIRECTORY | O_CLOEXEC);
+	if (real) {
+		sfs_super_bundle(real);
+		if (bin)
+			bin = real;
+	}
 	if (setenv(SFS_RESUME_ENV, spec, 1) == 0) {
 		fflush(NULL);
 		if (bin)
@@ -173,10 +206,21 @@ static int sfs_super_exec(struct sfs_super *sv, const char *bin, int fd,
 		else
 			execveat(fd, "", sv->argv, environ, AT_EMPTY_PATH);
 	}
+	ret = -errno;
 	strata_err("upgrade: exec %s: %s", bin ? bin : "the previous binary",
-		   strerror(errno));
+		   strerror(-ret));
+	/* serving on as before: where it ran from, and its libraries */
 	unsetenv(SFS_RESUME_ENV);
-	return -errno;
+	if (cwd >= 0 && fchdir(cwd) < 0)
+		strata_warn("upgrade: back to the old directory: %s",
+			    strerror(errno));
+	if (oldlib)
+		setenv("LD_LIBRARY_PATH", oldlib, 1);
+	if (cwd >= 0)
+		close(cwd);
+	free(oldlib);
+	free(real);
+	return ret;
 }
 
 /* The worker is gone: what now. 1 when the supervisor is done too. */
@@ -268,9 +312,9 @@ static int sfs_super_signal(struct sfs_super *sv, int *ret)
 }
 
 /*
- * The path to exec for an upgrade: $STRATAFS_BINARY (a link the CSI
- * plugin points at its newest copy), or the binary this process was
- * started from, as it is on disk then.
+ * The path to exec for an upgrade: $STRATAFS_BINARY (the CSI plugin's
+ * DIR/current/stratafs, which it points at its newest copy), or the
+ * binary this process was started from, as it is on disk then.
  */
 static char *sfs_super_exe(void)
 {

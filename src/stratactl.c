@@ -226,6 +226,11 @@ struct ctl_cmd {
 	.method = "/csi.v1." #service "/" #rpc,                            \
 	.request = &csi__v1__##msg##_request__descriptor,                  \
 	.reply = &csi__v1__##msg##_response__descriptor
+/* The same for Strata's own Admin service (csi/admin.proto). */
+#define CTL_ADMIN_RPC(rpc, msg)                                            \
+	.method = "/strata.v1.Admin/" #rpc,                                \
+	.request = &strata__v1__##msg##_request__descriptor,               \
+	.reply = &strata__v1__##msg##_response__descriptor
 
 struct ctl {
 	const char *endpoint;
@@ -1025,6 +1030,19 @@ static void ctl_text_stats(struct ctl *ctl, const ProtobufCMessage *reply)
 	ctl_print_condition(r->volume_condition);
 }
 
+static void ctl_text_replace_worker(struct ctl *ctl,
+				    const ProtobufCMessage *reply)
+{
+	const Strata__V1__ReplaceWorkerResponse *r =
+		(const Strata__V1__ReplaceWorkerResponse *)reply;
+
+	printf("replaced the worker of %s\n", ctl->a.pos[0]);
+	printf("supervisor_pid %d\n", (int)r->supervisor_pid);
+	printf("old_worker_pid %d\n", (int)r->old_worker_pid);
+	printf("new_worker_pid %d\n", (int)r->new_worker_pid);
+	printf("binary %s\n", r->binary);
+}
+
 static void ctl_text_node_info(struct ctl *ctl, const ProtobufCMessage *reply)
 {
 	const Csi__V1__NodeGetInfoResponse *r =
@@ -1238,6 +1256,12 @@ static const struct ctl_cmd ctl_cmds[] = {
 	CTL_PLAIN("node-caps", Node, NodeGetCapabilities, node_get_capabilities,
 		  ctl_text_rpc_caps,
 		  "the node's capabilities, one per line (NodeGetCapabilities)"),
+	{
+		.name = "replace-worker", .synopsis = "ID",
+		.summary = "restart a staged volume's stratafs worker from the binary on disk, with no unmount (strata.v1.Admin/ReplaceWorker)",
+		CTL_ID, CTL_ADMIN_RPC(ReplaceWorker, replace_worker),
+		.text = ctl_text_replace_worker,
+	},
 };
 #define CTL_NCMDS (sizeof(ctl_cmds) / sizeof(*ctl_cmds))
 

@@ -189,8 +189,10 @@ def test_daemons_outlive_the_plugin_container(env, host):
     daemons = sorted(daemons_of(root))
     assert len(daemons) == 3, daemons
     assert pids_in(c1) == [p.proc.pid]
-    bundle = [os.path.join(bindir, d) for d in os.listdir(bindir)]
+    bundle = [os.path.join(bindir, d) for d in os.listdir(bindir)
+              if d != "current"]
     assert len(bundle) == 1 and os.path.basename(bundle[0]).startswith("stratafs-")
+    assert os.readlink(os.path.join(bindir, "current")) == os.path.basename(bundle[0])
     for pid in daemons:
         assert ns_of(pid) == ns_of(os.getpid()), "daemon not in the host's namespace"
         cg = cgroups_of(pid)[""]
@@ -323,7 +325,7 @@ def test_failures_after_start_are_statuses(env, host):
     k = Kubelet(env, p)
     vid = k.create("v")
     st = env.staging("v")
-    (bundle,) = os.listdir(bindir)
+    (bundle,) = [d for d in os.listdir(bindir) if d != "current"]
     bundle = os.path.join(bindir, bundle)
     moved = os.path.join(env.base, "moved-away")
     # the copy's interpreter gone, then the whole copy
