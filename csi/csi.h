@@ -378,18 +378,18 @@ void csi_path_release(struct csi_path *pp);
 int csi_path_resolve(const struct csi_plugin *p, const char *path,
 		     struct csi_path *pp, char *why, size_t size);
 int csi_path_open(const struct csi_path *pp, bool create, bool *created);
+int csi_mnt_at(const struct csi_path *pp, const struct csi_mnt *want, int *fd,
+	       struct csi_mnt *top);
 void csi_path_reply(struct csi_reply *r, const char *field, int err,
 		    const char *why);
 
-/* mount.c: mounts by descriptor, known by unique id */
+/* mount.c: mounts by descriptor, known by unique id (all fuzz/rpc.c stubs) */
 int csi_mnt_of(int fd, struct csi_mnt *m, bool *root);
 int csi_mnt_exists(const struct csi_mnt *m);
 int csi_mnt_fuse(const char *source, int *fusefd, int *mntfd);
 int csi_mnt_clone(int fd, unsigned long msflags, int *treefd);
 int csi_mnt_attach(int mntfd, int dirfd, bool beneath);
 int csi_mnt_detach(int fd);
-int csi_mnt_at(const struct csi_path *pp, const struct csi_mnt *want, int *fd,
-	       struct csi_mnt *top);
 int csi_mnt_answers(int fd, int timeout_ms);
 const char *csi_mnt_strerror(int err);
 

@@ -311,30 +311,3 @@ int csi_mnt_detach(int fd)
 	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
 	return umount2(path, MNT_DETACH) < 0 ? -errno : 0;
 }
-
-/*
- * The recorded mount, if it is the one on top at the directory pp names:
- * its descriptor in *fd (the caller closes it). 1 when it is, 0 when the
- * path shows something else (*fd -1), or a negative errno. *top says what
- * is on top there (id 0 when nothing is mounted at the path itself).
- */
-int csi_mnt_at(const struct csi_path *pp, const struct csi_mnt *want, int *fd,
-	       struct csi_mnt *top)
-{
-	bool root;
-	int ret;
-
-	*fd = csi_path_open(pp, false, NULL);
-	top->id = 0;
-	top->dev = 0;
-	if (*fd < 0)
-		return *fd;
-	ret = csi_mnt_of(*fd, top, &root);
-	if (ret == 0 && !root)
-		top->id = 0;
-	if (ret == 0 && top->id && top->id == want->id && top->dev == want->dev)
-		return 1;
-	close(*fd);
-	*fd = -1;
-	return ret;
-}
