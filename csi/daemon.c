@@ -228,17 +228,43 @@ static pid_t csi_daemon_fork(struct csi_plugin *p, struct csi_spawn *sp,
 	return -EIO;
 }
 
+/*
+ * A path as stratafs's -o list takes it: "\," for a comma (fuse_opt's
+ * escape), "\:" and "\\" for a colon and a backslash (the kernel's
+ * lowerdir escapes, which stratafs takes in every path option). The
+ * store root is the operator's to choose, and may hold any of them.
+ */
+static char *csi_opt_escape(const char *path)
+{
+	char *out = malloc(2 * strlen(path) + 1), *w = out;
+
+	if (!out)
+		return NULL;
+	for (; *path; path++) {
+		if (*path == ',' || *path == ':' || *path == '\\')
+			*w++ = '\\';
+		*w++ = *path;
+	}
+	*w = '\0';
+	return out;
+}
+
 static int csi_daemon_opts(struct csi_plugin *p, const struct csi_volume *v,
 			   struct csi_spawn *sp, char **opts, char *why,
 			   size_t size)
 {
 	struct csi_store *s = &p->store;
-	size_t cap = 320 + 4 * strlen(s->root) + 32 * (v->nlayers + 1);
+	char *root = csi_opt_escape(s->root);
+	size_t cap = 320 + (root ? 4 * strlen(root) : 0) +
+		     32 * (v->nlayers + 1);
 	char *o = malloc(cap);
 	size_t len;
 
-	if (!o)
+	if (!o || !root) {
+		free(o);
+		free(root);
 		return -ENOMEM;
+	}
 	len = snprintf(o, cap, "lowerdir=");
 	/*
 	 * The daemon gets the layers as descriptors opened beneath layers/,
@@ -252,6 +278,7 @@ static int csi_daemon_opts(struct csi_plugin *p, const struct csi_volume *v,
 				 v->layers[i], v->id,
 				 fd == -ELOOP ? "is a symlink" : strerror(-fd));
 			free(o);
+			free(root);
 			return fd == -ENOENT || fd == -ELOOP ? -ENOENT : fd;
 		}
 		sp->fds[sp->nfds++] = fd;
@@ -259,11 +286,12 @@ static int csi_daemon_opts(struct csi_plugin *p, const struct csi_volume *v,
 				i ? ":" : "", fd);
 	}
 	if (!v->nlayers)
-		len += snprintf(o + len, cap - len, "%s/empty", s->root);
+		len += snprintf(o + len, cap - len, "%s/empty", root);
 	snprintf(o + len, cap - len,
 		 ",upperdir=%s/volumes/%s/upper,workdir=%s/volumes/%s/work,allow_other,statsfile=%s/node/%s.stats%s",
-		 s->root, v->id, s->root, v->id, s->root, v->id,
+		 root, v->id, root, v->id, root, v->id,
 		 v->passthrough ? ",passthrough" : "");
+	free(root);
 	*opts = o;
 	return 0;
 }

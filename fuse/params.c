@@ -169,6 +169,7 @@ int sfs_params_escape(int argc, char **argv, struct fuse_args *out)
  * as the kernel's options do: a line written for kernel overlayfs names
  * the same directories here, and a path holding a backslash can be
  * given at all (fuse_opt drops every backslash that is not escaped).
+ * statsfile= takes them too, so that one escaping serves every path.
  */
 static void sfs_unescape_path(char *s)
 {
@@ -191,6 +192,8 @@ int sfs_params_parse(struct fuse_args *args, struct sfs_params *p)
 		sfs_unescape_path(p->upperdir);
 	if (p->workdir)
 		sfs_unescape_path(p->workdir);
+	if (p->statsfile)
+		sfs_unescape_path(p->statsfile);
 	if (p->show_help || p->show_version)
 		return 0;
 	if (!p->mountpoint) {

@@ -307,3 +307,28 @@ def test_lost_bind_rebinds_only_that_target(env, kubelet, strata):
     kubelet.unpublish(vid, t1)
     kubelet.unpublish(vid, t2)
     kubelet.unstage(vid, st)
+
+
+def test_store_root_with_option_characters(env):
+    """The store root is the operator's choice: a comma, a colon and a
+    backslash in it reach the daemon's -o list escaped, so the daemon
+    writes into that store's upper, work and stats file, and nowhere
+    else (unescaped, "a,b" would end the option at the comma)."""
+    from csitest import Kubelet
+    root = env.layered_root("st,o:r\\e")
+    p = env.plugin(root=root)
+    k = Kubelet(env, p)
+    vid = k.create("v")
+    st = k.stage(vid, env.staging("v"))
+    tgt = k.publish(vid, st, env.target("v"))
+    write_file(os.path.join(tgt, "new"), "into the right upper\n")
+    assert read_file(os.path.join(root, "volumes", vid, "upper", "new")) == \
+        b"into the right upper\n"
+    stats = os.path.join(root, "node", vid + ".stats")
+    poll(lambda: os.path.exists(stats) and os.path.getsize(stats) > 0, 5,
+         what="the daemon's stats file in the store")
+    strays = [n for n in os.listdir(env.base) if n.startswith("st")
+              and n != os.path.basename(root)]
+    assert strays == [], f"the daemon wrote outside the store: {strays}"
+    pid = p.daemon_pid(vid)
+    tear_down(env, k, p, vid, st, [tgt], pid)

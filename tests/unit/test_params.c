@@ -116,13 +116,14 @@ static void test_cmdline(void)
 	sfs_params_free(&p);
 }
 
-/* The kernel's escapes hold in all three paths, through fuse_opt's own. */
+/* The kernel's escapes hold in every path, through fuse_opt's own. */
 static void test_escapes(void)
 {
 	struct fuse_args args = FUSE_ARGS_INIT(0, NULL);
 	struct sfs_params p;
 	char *argv[] = { "stratafs", "-o",
-			 "lowerdir=/l\\:1:/l\\\\2,upperdir=/u\\:1\\\\x,workdir=/w\\,2",
+			 "lowerdir=/l\\:1:/l\\\\2,upperdir=/u\\:1\\\\x,workdir=/w\\,2,"
+			 "statsfile=/s\\:\\,\\\\3",
 			 "/m" };
 	char **v;
 	int n;
@@ -131,6 +132,7 @@ static void test_escapes(void)
 	CHECK_EQ_INT(sfs_params_parse(&args, &p), 0);
 	CHECK_EQ_STR(p.upperdir, "/u:1\\x");
 	CHECK_EQ_STR(p.workdir, "/w,2");
+	CHECK_EQ_STR(p.statsfile, "/s:,\\3");
 	CHECK_EQ_INT(sfs_split_lowerdir(p.lowerdir, &v, &n), 0);
 	CHECK_EQ_INT(n, 2);
 	CHECK_EQ_STR(v[0], "/l:1");
