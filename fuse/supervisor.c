@@ -65,6 +65,8 @@
 
 /* Where the state goes to the binary exec'd in the supervisor's place. */
 #define SFS_RESUME_ENV "STRATAFS_RESUME"
+/* execs of a new binary that may find its state's address taken */
+#define SFS_ATTACH_TRIES 16
 
 /* A worker younger than this when it dies died young; so many in a row... */
 #define SFS_QUICK_NS 1000000000LL
@@ -437,15 +439,27 @@ static struct sfs_fs *sfs_fs_new(const struct sfs_params *p)
 static int sfs_resume(struct sfs_super *sv, struct fuse_args *args,
 		      const struct sfs_params *p, const char *spec)
 {
-	int memfd, devfd, exefd, ret;
+	int memfd, devfd, exefd, tries = 0, ret;
+	char again[96];
 	void *addr;
 
-	if (sscanf(spec, "%d,%d,%d,%p", &memfd, &devfd, &exefd, &addr) != 4) {
+	if (sscanf(spec, "%d,%d,%d,%p,%d", &memfd, &devfd, &exefd, &addr,
+		   &tries) < 4) {
 		fprintf(stderr, "stratafs: %s=%s: not what a supervisor sets\n",
 			SFS_RESUME_ENV, spec);
 		return 1;
 	}
 	ret = sfs_shm_attach(memfd, addr);
+	if (ret == -EADDRINUSE && tries < SFS_ATTACH_TRIES) {
+		/*
+		 * Address space layout randomisation put a library or the
+		 * heap where the state lives (a few percent of execs): the
+		 * same binary exec'd again is laid out anew.
+		 */
+		snprintf(again, sizeof(again), "%d,%d,%d,%p,%d", memfd, devfd,
+			 exefd, addr, tries + 1);
+		sfs_super_exec(sv, "/proc/self/exe", -1, again);
+	}
 	if (ret < 0) {
 		strata_err("upgrade: this binary cannot take over the state "
 			   "(%s): going back to the binary before",

@@ -274,6 +274,37 @@ def test_upgrade_execs_the_binary_on_disk(stratafs_only, tmp_path):
     assert "upgrade: exec " + binary in u.stderr()
 
 
+def test_upgrades_in_a_row_each_land(stratafs_only, tmp_path):
+    """Forty upgrades, between two copies through a link as the CSI plugin
+    points DIR/current: each execs the binary the link names. The new
+    process must map the state where the old one had it, and address
+    space randomisation sometimes put a library there (about one exec in
+    sixteen here): the new binary then execs itself again, never falls
+    back to the old one."""
+    d = str(tmp_path)
+    copies = [os.path.join(d, n, "stratafs") for n in ("a", "b")]
+    for c in copies:
+        os.makedirs(os.path.dirname(c))
+        shutil.copy(stratafs_binary(), c)
+    link = os.path.join(d, "current")
+    os.symlink(os.path.dirname(copies[0]), link)
+    env = dict(os.environ, STRATAFS_BINARY=os.path.join(link, "stratafs"))
+    u = stratafs_only.make([{"a": "a"}], env=env)
+    fd = os.open(u.path("kept"), os.O_RDWR | os.O_CREAT, 0o644)
+    for i in range(40):
+        want = copies[(i + 1) % 2]
+        os.symlink(os.path.dirname(want), link + ".new")
+        os.rename(link + ".new", link)
+        w = worker_of(u)
+        os.kill(u.pid, signal.SIGHUP)
+        worker_of(u, old=w)
+        assert os.readlink(f"/proc/{u.pid}/exe") == want, (i, u.stderr()[-2000:])
+        os.write(fd, b"%d " % i)
+    assert os.pread(fd, 200, 0) == b"".join(b"%d " % i for i in range(40))
+    os.close(fd)
+    assert "going back to the binary before" not in u.stderr()
+
+
 def test_one_process_without_a_supervisor(stratafs_only):
     u = stratafs_only.make([{"a": "a"}], extra_opts=["nosupervisor"])
     assert open(u.path("a")).read() == "a"

@@ -21,6 +21,7 @@ when unset). Mounting needs root and /dev/fuse.
 Run: STRATAFS=... STRATA_CSI=... STRATACTL=... /usr/bin/python3 -m pytest tests/packaging/test_systemd.py
 """
 import json
+import errno
 import os
 import re
 import shlex
@@ -368,8 +369,10 @@ def test_template_read_only_instance(layers, instances):
 
 
 def test_template_start_heals_a_dead_mount(layers, instances):
-    """After the daemon is killed the mountpoint answers ENOTCONN; the
-    next start (what Restart=on-failure does) detaches it and mounts."""
+    """After the daemon is killed the mountpoint answers ENOTCONN (or
+    ECONNABORTED, to a request that reached the connection before the
+    worker, which the supervisor's death kills, was gone); the next start
+    (what Restart=on-failure does) detaches it and mounts."""
     inst = Instance(layers, "data", sample_conf(layers))
     instances.append(inst)
     inst.start()
@@ -378,7 +381,7 @@ def test_template_start_heals_a_dead_mount(layers, instances):
     inst.proc.wait()
     with pytest.raises(OSError) as e:
         os.stat(inst.mountpoint)
-    assert e.value.errno == 107     # ENOTCONN
+    assert e.value.errno in (errno.ENOTCONN, errno.ECONNABORTED)
     inst.start()
     assert (inst.mountpoint / "kept.txt").read_text() == "kept\n"
     assert inst.stop() == 0
