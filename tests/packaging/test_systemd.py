@@ -20,8 +20,8 @@ when unset). Mounting needs root and /dev/fuse.
 
 Run: STRATAFS=... STRATA_CSI=... STRATACTL=... /usr/bin/python3 -m pytest tests/packaging/test_systemd.py
 """
-import json
 import errno
+import json
 import os
 import re
 import shlex
