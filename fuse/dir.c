@@ -748,6 +748,7 @@ static int sfs_rename_entry(struct sfs_node *pdir, const char *name,
 {
 	struct sfs_node *src = NULL, *dst = NULL;
 	int ret, whiteout = 0;
+	uint32_t step;
 
 	ret = sfs_lookup_node(pdir, name, &src);
 	if (ret == -ENOENT && sfs_req_resent() && !(flags & RENAME_EXCHANGE))
@@ -761,6 +762,20 @@ static int sfs_rename_entry(struct sfs_node *pdir, const char *name,
 		goto out;
 	if (dst == src) {
 		ret = 0;	/* two names of one file: rename(2) does nothing */
+		goto out;
+	}
+	step = flags & RENAME_EXCHANGE && sfs_req_resent() ? sfs_req_step() : 0;
+	if (step) {
+		/*
+		 * The dead worker exchanged them: a second time would swap
+		 * them back. The lookups above found each node by the inode
+		 * now at the name, so src is the one that was at newname:
+		 * the nodes learn their names the other way round.
+		 */
+		if (step == SFS_STEP_DISK)
+			sfs_rename_update(pdir, name, ndir, newname, dst, src,
+					  flags);
+		ret = 0;
 		goto out;
 	}
 	ret = sfs_rename_check(src, dst, flags);
@@ -794,8 +809,15 @@ static int sfs_rename_entry(struct sfs_node *pdir, const char *name,
 		goto out;
 	ret = sfs_rename_upper(pdir, name, ndir, newname, src, flags,
 			       whiteout);
-	if (ret == 0)
-		sfs_rename_update(pdir, name, ndir, newname, src, dst, flags);
+	if (ret < 0)
+		goto out;
+	if (flags & RENAME_EXCHANGE) {
+		sfs_resend_step(SFS_STEP_DISK);
+		sfs_crash_after(newname);
+	}
+	sfs_rename_update(pdir, name, ndir, newname, src, dst, flags);
+	if (flags & RENAME_EXCHANGE)
+		sfs_resend_step(SFS_STEP_NODES);
 out:
 	if (dst)
 		sfs_node_release(dst);

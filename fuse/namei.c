@@ -464,6 +464,20 @@ int sfs_entry_reply(fuse_req_t req, struct sfs_node *n)
  */
 const char *sfs_crash_name;
 
+/*
+ * Once per mount, a worker aborts right after the work of a request on
+ * this name ($STRATAFS_CRASH_AFTER) reached the disk, before its reply:
+ * how tests prove that such a request, sent again, is not done twice.
+ */
+const char *sfs_crash_after_name;
+
+void sfs_crash_after(const char *name)
+{
+	if (sfs_crash_after_name && !strcmp(name, sfs_crash_after_name) &&
+	    !atomic_exchange(&sfs->crashed_after, true))
+		abort();
+}
+
 void sfs_op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
 	struct sfs_node *dir, *n;

@@ -22,6 +22,12 @@
  *    are undone. The kernel queues all it sends again ahead of anything
  *    new: by the first new request, the lists left over were replies
  *    that did reach it, and are dropped.
+ *
+ *  - A request that cannot be done twice (RENAME_EXCHANGE swaps back)
+ *    writes down on the same list how far it got (sfs_resend_step):
+ *    sent again, its handler finds that step (sfs_req_step) and only
+ *    finishes. What is left is the few instructions between the system
+ *    call and the step's store.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -40,6 +46,7 @@ struct sfs_forgets {
 
 struct sfs_replying {
 	_Atomic uint64_t unique;	/* the request, without the resend bit */
+	_Atomic uint32_t step;		/* how far it got (sfs_resend_step) */
 	uint32_t cap;
 	_Atomic uint32_t count;
 	struct sfs_node *node[];
@@ -51,6 +58,8 @@ struct sfs_replying {
 static __thread struct sfs_replying *sfs_replying;
 /* The request this thread is handling. */
 static __thread uint64_t sfs_unique;
+/* For a request sent again: the step the dead worker had written down. */
+static __thread uint32_t sfs_step;
 /* Whether lists a dead worker left may still be matched. */
 static atomic_bool sfs_unreplied_open;
 /* Over sfs->unreplied: a list is freed by whoever matches it first. */
@@ -95,8 +104,10 @@ static struct sfs_replying *sfs_replying_room(void)
 		return NULL;
 	big->cap = cap;
 	atomic_store(&big->unique, sfs_unique);
-	if (r)
+	if (r) {
 		memcpy(big->node, r->node, count * sizeof(r->node[0]));
+		atomic_store(&big->step, atomic_load(&r->step));
+	}
 	atomic_store(&big->count, count);
 	/* never two lists for one request: the old one goes first */
 	if (r) {
@@ -108,6 +119,22 @@ static struct sfs_replying *sfs_replying_room(void)
 	return big;
 }
 
+/*
+ * This thread's list, for the request in hand: one a failed reply left
+ * (its counts were undone) starts over.
+ */
+static struct sfs_replying *sfs_replying_mine(void)
+{
+	struct sfs_replying *r = sfs_replying;
+
+	if (r && atomic_load(&r->unique) != sfs_unique) {
+		atomic_store(&r->count, 0);
+		atomic_store(&r->step, 0);
+		atomic_store(&r->unique, sfs_unique);
+	}
+	return sfs_replying_room();
+}
+
 /* N was counted for the reply to the request in hand. */
 void sfs_resend_counted(struct sfs_node *n)
 {
@@ -116,13 +143,7 @@ void sfs_resend_counted(struct sfs_node *n)
 
 	if (!sfs_shm || !sfs_unique)
 		return;
-	r = sfs_replying;
-	if (r && atomic_load(&r->unique) != sfs_unique) {
-		/* a list a failed reply left (its counts were undone) */
-		atomic_store(&r->count, 0);
-		atomic_store(&r->unique, sfs_unique);
-	}
-	r = sfs_replying_room();
+	r = sfs_replying_mine();
 	if (!r)
 		return;
 	count = atomic_load(&r->count);
@@ -130,13 +151,32 @@ void sfs_resend_counted(struct sfs_node *n)
 	atomic_store(&r->count, count + 1);
 }
 
+/* The request in hand got as far as STEP; 0 is the start. */
+void sfs_resend_step(uint32_t step)
+{
+	struct sfs_replying *r;
+
+	if (!sfs_shm || !sfs_unique)
+		return;
+	r = sfs_replying_mine();
+	if (r)
+		atomic_store(&r->step, step);
+}
+
+uint32_t sfs_req_step(void)
+{
+	return sfs_step;
+}
+
 /* The reply to UNIQUE is out: the kernel has the counts now. */
 void sfs_resend_replied(uint64_t unique)
 {
 	struct sfs_replying *r = sfs_replying;
 
-	if (r && atomic_load(&r->unique) == (unique & ~SFS_UNIQUE_RESEND))
+	if (r && atomic_load(&r->unique) == (unique & ~SFS_UNIQUE_RESEND)) {
 		atomic_store(&r->count, 0);
+		atomic_store(&r->step, 0);
+	}
 }
 
 /* The counts of a reply that never reached the kernel. */
@@ -158,6 +198,7 @@ static void sfs_replying_drop(struct sfs_replying *r)
 void sfs_resend_request(uint64_t unique, bool resent)
 {
 	sfs_unique = unique & ~SFS_UNIQUE_RESEND;
+	sfs_step = 0;
 	if (!atomic_load(&sfs_unreplied_open))
 		return;
 	pthread_mutex_lock(&sfs_unreplied_lock);
@@ -168,10 +209,12 @@ void sfs_resend_request(uint64_t unique, bool resent)
 		if (!r || (resent && atomic_load(&r->unique) != sfs_unique))
 			continue;
 		sfs->unreplied[i] = NULL;
-		if (resent)
+		if (resent) {
+			sfs_step = atomic_load(&r->step);
 			sfs_replying_undo(r);
-		else
+		} else {
 			sfs_replying_drop(r);
+		}
 	}
 	if (!resent)
 		atomic_store(&sfs_unreplied_open, false);
@@ -193,7 +236,8 @@ static void sfs_replying_keep(void *p, void *arg)
 	struct sfs_replying *r = p;
 	size_t *slot = arg;
 
-	if (!atomic_load(&r->count) || *slot == SFS_MAX_THREADS * 2) {
+	if ((!atomic_load(&r->count) && !atomic_load(&r->step)) ||
+	    *slot == SFS_MAX_THREADS * 2) {
 		sfs_replying_drop(r);	/* at worst a count too many */
 		return;
 	}

@@ -258,6 +258,7 @@ struct sfs_fs {
 	atomic_uint file_gen;	/* the next open file's generation */
 	/* replies a dead worker counted lookups for (resend.c) */
 	struct sfs_replying *unreplied[SFS_MAX_THREADS * 2];
+	atomic_bool crashed_after;	/* sfs_crash_after fired (tests) */
 };
 
 /* An open file. */
@@ -376,6 +377,8 @@ int sfs_fill_entry(struct sfs_node *n, struct fuse_entry_param *e);
 int sfs_entry_reply(fuse_req_t req, struct sfs_node *n);
 void sfs_op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name);
 extern const char *sfs_crash_name;
+extern const char *sfs_crash_after_name;
+void sfs_crash_after(const char *name);
 
 /* inode.c */
 int sfs_table_init(struct sfs_fs *fs);
@@ -581,6 +584,10 @@ void sfs_resend_counted(struct sfs_node *n);
 void sfs_resend_request(uint64_t unique, bool resent);
 void sfs_resend_replied(uint64_t unique);
 void sfs_resend_takeover(void);
+/* the steps of a request that cannot be done twice (RENAME_EXCHANGE) */
+enum { SFS_STEP_DISK = 1, SFS_STEP_NODES = 2 };
+void sfs_resend_step(uint32_t step);
+uint32_t sfs_req_step(void);
 
 /* transport.c */
 struct sfs_capture {

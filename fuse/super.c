@@ -63,6 +63,7 @@ void sfs_process_init(void)
 	 */
 	mallopt(M_ARENA_MAX, 2);
 	sfs_crash_name = getenv("STRATAFS_CRASH_NAME");
+	sfs_crash_after_name = getenv("STRATAFS_CRASH_AFTER");
 }
 
 /*

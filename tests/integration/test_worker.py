@@ -305,6 +305,62 @@ def test_upgrades_in_a_row_each_land(stratafs_only, tmp_path):
     assert "going back to the binary before" not in u.stderr()
 
 
+RENAME_EXCHANGE = 2
+AT_FDCWD = -100
+
+
+def exchange(a, b):
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.renameat2(AT_FDCWD, a.encode(), AT_FDCWD, b.encode(),
+                      RENAME_EXCHANGE) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
+
+
+@pytest.mark.parametrize("where", ["upper", "lower", "dirs"])
+def test_exchange_sent_again_is_done_once(stratafs_only, where):
+    """The worker dies right after RENAME_EXCHANGE reached the upper
+    layer, before its reply: the kernel sends the request again to the
+    next worker, which must not exchange the two a second time (that
+    swaps them back, and the caller's rename(2) said 0)."""
+    lower = {"b": "lower b"} if where == "lower" else {}
+    if where == "dirs":
+        lower = {"b/inside": "in b"}
+    env = dict(os.environ, STRATAFS_CRASH_AFTER="b")
+    u = stratafs_only.make([lower], env=env)
+    if where == "dirs":
+        os.mkdir(u.path("a"))
+        with open(u.path("a", "inside"), "w") as f:
+            f.write("in a")
+    else:
+        with open(u.path("a"), "w") as f:
+            f.write("upper a")
+        if where == "upper":
+            with open(u.path("b"), "w") as f:
+                f.write("upper b")
+    before = {n: (open(u.path(n, "inside")).read() if where == "dirs"
+                  else open(u.path(n)).read()) for n in ("a", "b")}
+    ino = {n: os.stat(u.path(n)).st_ino for n in ("a", "b")}
+    w = worker_of(u)
+    exchange(u.path("a"), u.path("b"))
+    worker_of(u, old=w)
+    assert "worker died of signal 6" in u.stderr(), "the crash point missed"
+
+    def seen():
+        return {n: (open(u.path(n, "inside")).read() if where == "dirs"
+                    else open(u.path(n)).read()) for n in ("a", "b")}
+    assert seen() == {"a": before["b"], "b": before["a"]}
+    assert {n: os.stat(u.path(n)).st_ino for n in ("a", "b")} == \
+        {"a": ino["b"], "b": ino["a"]}
+    # the nodes' own names too: after the kernel drops its entries, each
+    # name is looked up again through them
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("2")
+    assert seen() == {"a": before["b"], "b": before["a"]}
+    assert sorted(os.listdir(u.mnt)) == ["a", "b"]
+
+
 def test_one_process_without_a_supervisor(stratafs_only):
     u = stratafs_only.make([{"a": "a"}], extra_opts=["nosupervisor"])
     assert open(u.path("a")).read() == "a"
