@@ -29,6 +29,7 @@
 
 #define CSI_DEFAULT_DRIVER "strata.csi.dev"
 #define CSI_DEFAULT_ROOT "/var/lib/strata"
+#define CSI_STORE_LOCK ".lock"	/* below the root, while a plugin holds it */
 /* "sv-" and 32 hex digits: 128 random bits, never a path before checked */
 #define CSI_VOLUME_ID_PREFIX "sv-"
 #define CSI_VOLUME_ID_LEN 35
