@@ -216,6 +216,7 @@ struct csi_node_vol {
 	struct csi_mnt prev;	/* the mount a heal is replacing, until done */
 	pid_t pid;
 	unsigned long long starttime; /* /proc/<pid>/stat: tells pid reuse */
+	unsigned restarts;	/* daemons started again by a heal */
 	int ntargets;
 	struct csi_target *targets;
 };
@@ -267,6 +268,13 @@ extern const struct csi_method csi_identity_methods[];
 extern const struct csi_method csi_controller_methods[];
 extern const struct csi_method csi_node_methods[];
 extern const struct csi_method csi_admin_methods[];
+/* inspect.c: the Admin service's volume states */
+void csi_admin_list_volume_states(struct csi_plugin *p,
+				  const ProtobufCMessage *msg,
+				  struct csi_reply *r);
+void csi_admin_inspect_volume(struct csi_plugin *p,
+			      const ProtobufCMessage *msg,
+			      struct csi_reply *r);
 /* identity.c: every table above, NULL terminated: what the socket serves */
 extern const struct csi_method *const csi_services[];
 
@@ -421,6 +429,8 @@ void csi_cgroup_free(struct csi_host *h);
 /* condition.c: abnormal conditions of staged volumes, logged */
 void csi_condition_check(struct csi_plugin *p, const char *id, unsigned round);
 void csi_condition_prune(struct csi_plugin *p, unsigned round);
+void csi_condition_layers(struct csi_plugin *p, const struct csi_volume *v,
+			  const struct csi_node_vol *n, char *msg, size_t size);
 
 /* metrics.c */
 enum csi_event {

@@ -141,6 +141,7 @@ int csi_heal(struct csi_plugin *p, const struct csi_volume *v,
 	if (ret)
 		goto out;
 	n->prev = (struct csi_mnt){ 0 };
+	n->restarts++;
 	ret = csi_state_save(&p->store, n);
 	if (ret)
 		snprintf(why, size, "volume %s: saving the node record: %s",
