@@ -713,9 +713,11 @@ static void ctl_print_volume(const Csi__V1__Volume *v)
 		return;
 	}
 	printf("volume %s capacity %" PRId64, v->volume_id, v->capacity_bytes);
+	/* "-" for an empty value, which would leave two keys side by side */
 	for (size_t i = 0; i < v->n_volume_context; i++)
 		printf(" %s %s", v->volume_context[i]->key,
-		       v->volume_context[i]->value);
+		       *v->volume_context[i]->value ?
+			       v->volume_context[i]->value : "-");
 	if (v->content_source) {
 		const Csi__V1__VolumeContentSource *cs = v->content_source;
 
