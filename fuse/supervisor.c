@@ -506,8 +506,8 @@ int sfs_run(const struct sfs_params *p, struct fuse_args *args, char **argv)
 	sv.se = sfs_mount(fs, args, -1);
 	if (!sv.se)
 		goto out_fs;
-	/* kept for strata_log_detached: daemonizing points stderr at /dev/null */
-	errfd = fs->params.foreground ? -1 : fcntl(2, F_DUPFD_CLOEXEC, 3);
+	/* daemonizing points stderr at /dev/null: where messages go after */
+	errfd = fs->params.foreground ? -1 : strata_log_prepare_detach();
 	if (fuse_daemonize(fs->params.foreground) != 0) {
 		if (errfd >= 0)
 			close(errfd);

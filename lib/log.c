@@ -6,6 +6,7 @@
  */
 #include <stdio.h>
 #include <string.h>
+#include <fcntl.h>
 #include <syslog.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -31,16 +32,42 @@ void strata_log_init(const char *prog, int level)
 	log_max = level;
 }
 
-/*
- * A daemon that detached logs to syslog; where nothing can listen on
- * /dev/log (most containers), to errfd instead, the stderr it was started
- * with, rather than nowhere. errfd is taken over; -1: stderr is it.
- */
-void strata_log_detached(int errfd)
+static bool log_have_syslog(void)
 {
 	struct stat st;
 
-	if (stat("/dev/log", &st) == 0 && S_ISSOCK(st.st_mode)) {
+	return stat("/dev/log", &st) == 0 && S_ISSOCK(st.st_mode);
+}
+
+/*
+ * Before a daemon detaches: where its messages go afterwards. Syslog
+ * where /dev/log exists; else the stderr it was started with, when that
+ * is a file or a terminal: a copy of it is returned, for
+ * strata_log_detached(). A pipe is not kept: whoever reads it waits for
+ * its end, and `out=$(stratafs ... 2>&1)` would never return. Then the
+ * messages would be lost, and this says so while it still can be read.
+ */
+int strata_log_prepare_detach(void)
+{
+	struct stat st;
+
+	if (log_have_syslog())
+		return -1;
+	if (fstat(STDERR_FILENO, &st) == 0 &&
+	    (S_ISREG(st.st_mode) || isatty(STDERR_FILENO)))
+		return fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, 3);
+	strata_warn("no syslog here (/dev/log) and stderr is no file: what the "
+		    "daemon says once detached is lost; run it with -f, or with 2>>FILE");
+	return -1;
+}
+
+/*
+ * Once detached: to syslog, or to errfd (taken over) from
+ * strata_log_prepare_detach(), or nowhere (-1, said then).
+ */
+void strata_log_detached(int errfd)
+{
+	if (log_have_syslog()) {
 		openlog(log_prog, LOG_PID, LOG_DAEMON);
 		log_syslog = true;
 	} else if (errfd >= 0) {

@@ -16,6 +16,7 @@ enum strata_log_level {
 
 /* log.c */
 void strata_log_init(const char *prog, int level);
+int strata_log_prepare_detach(void);
 void strata_log_detached(int errfd);
 void strata_log_json(bool on);
 void strata_log_kv(int level, const char *msg, const char *const *kv,

@@ -18,8 +18,6 @@
 
 #include "csi.h"
 
-#define CSI_TRY_HELP "Try 'strata-csi --help'.\n"
-
 static void csi_usage(FILE *f)
 {
 	fprintf(f,
@@ -295,17 +293,17 @@ static int csi_parse_args(int argc, char **argv, struct csi_config *c,
 			csi_usage(stdout);
 			return 1;
 		case ':':
-			fprintf(stderr, "strata-csi: option '%s' needs a value\n"
-				CSI_TRY_HELP, argv[optind - 1]);
+			fprintf(stderr, "strata-csi: option '%s' needs a value\n",
+				argv[optind - 1]);
 			return 2;
 		default:
 			/* the one line that matters, not buried under the help */
 			if (optopt)
-				fprintf(stderr, "strata-csi: unknown option '-%c'\n"
-					CSI_TRY_HELP, optopt);
+				fprintf(stderr, "strata-csi: unknown option '-%c'\n",
+					optopt);
 			else
-				fprintf(stderr, "strata-csi: unknown option '%s'\n"
-					CSI_TRY_HELP, argv[optind - 1]);
+				fprintf(stderr, "strata-csi: unknown option '%s'\n",
+					argv[optind - 1]);
 			return 2;
 		}
 	}
@@ -314,8 +312,7 @@ static int csi_parse_args(int argc, char **argv, struct csi_config *c,
 		return 2;
 	}
 	if (!endpoint || !c->node_id || !c->node_id[0]) {
-		fprintf(stderr, "strata-csi: --endpoint (or CSI_ENDPOINT) and --nodeid are required\n"
-			CSI_TRY_HELP);
+		fprintf(stderr, "strata-csi: --endpoint (or CSI_ENDPOINT) and --nodeid are required\n");
 		return 2;
 	}
 	if (csi_parse_endpoint(c, endpoint) || csi_resolve_prefixes(c) ||
@@ -403,6 +400,9 @@ int main(int argc, char **argv)
 	strata_log_init("strata-csi", STRATA_LOG_INFO);
 	ret = csi_parse_args(argc, argv, &p.cfg, &json);
 	if (ret) {
+		/* every usage error said what; this says where the rest is */
+		if (ret == 2)
+			fprintf(stderr, "Try 'strata-csi --help'.\n");
 		csi_config_free(&p.cfg);
 		return ret == 1 ? 0 : 2;
 	}

@@ -340,6 +340,8 @@ static int ctl_parse_size(const char *s, int64_t *out)
 	v = strtoull(s, &end, 10);
 	if (errno)
 		return -ERANGE;
+	if (*end == 'b')
+		return -EDOM;
 	if (*end && *end != 'B') {
 		u = strchr(units, toupper((unsigned char)*end));
 		if (!u || !*u)
