@@ -1515,6 +1515,18 @@ static void ctl_cmd_help(const struct ctl_cmd *cmd)
 	printf("\n--endpoint, --json and --timeout are taken here too; see '" CTL_PROG " --help'.\n");
 }
 
+/* `stratactl volume --help`: the commands that start with "volume ". */
+static void ctl_volume_help(void)
+{
+	printf("usage: " CTL_PROG " [--endpoint EP] [--json] [--timeout SECONDS] volume SUBCOMMAND\n\n");
+	for (size_t i = 0; i < CTL_NCMDS; i++)
+		if (!strncmp(ctl_cmds[i].name, "volume ", 7))
+			printf("  %s%s%s\n      %s.\n", ctl_cmds[i].name,
+			       *ctl_cmds[i].synopsis ? " " : "",
+			       ctl_cmds[i].synopsis, ctl_cmds[i].summary);
+	printf("\n--endpoint, --json and --timeout are taken here too; see '" CTL_PROG " --help'.\n");
+}
+
 static bool ctl_opt_in(const int *list, int id)
 {
 	for (; list && *list != CTL_OPT_END; list++)
@@ -1745,6 +1757,8 @@ int main(int argc, char **argv)
 
 		if (cmd)
 			ctl_cmd_help(cmd);
+		else if (optind + 1 < argc && !strcmp(argv[optind + 1], "volume"))
+			ctl_volume_help();
 		else
 			ctl_help(stdout);
 		ret = -1;
@@ -1754,6 +1768,12 @@ int main(int argc, char **argv)
 	if (strcmp(name, "volume") == 0) {
 		char two[64];
 
+		if (optind + 1 < argc && (!strcmp(argv[optind + 1], "--help") ||
+					  !strcmp(argv[optind + 1], "-h"))) {
+			ctl_volume_help();
+			ret = -1;
+			goto out;
+		}
 		if (optind + 1 >= argc || argv[optind + 1][0] == '-') {
 			ret = ctl_usage_error(&ctl, "volume takes a subcommand: volume list, volume inspect ID");
 			goto out;
