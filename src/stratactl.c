@@ -6,8 +6,10 @@
  * One subcommand per RPC the plugin serves, looked up in ctl_cmds[]. Every
  * command parses its arguments into one struct ctl_args (the options are
  * shared: --access-mode means the same thing wherever it is taken), builds
- * its request, makes one call (list-volumes --all makes several) and prints
+ * its request, makes one call (list-volumes --all and probe --wait make
+ * several, delete-volume asks first whether the volume exists) and prints
  * the reply: readable lines by default, one JSON object with --json.
+ * "volume list" and "volume inspect" are commands of two words.
  *
  * A command is mostly its table entry: the RPC's path and descriptors, and
  * the request field its argument fills. ctl_run() makes the request from
@@ -1166,15 +1168,14 @@ static int ctl_probe(struct ctl *ctl)
 	Csi__V1__ProbeRequest req = CSI__V1__PROBE_REQUEST__INIT;
 	struct ctl_progress *pg;
 	struct timespec start, now;
-	char last[512] = "no answer yet";
-	int ret = CTL_EXIT_FAIL;
+	char last[512] = "no answer yet", line[600];
 
 	if (ctl->a.wait_ms < 0)
 		return ctl_run(ctl);
 	clock_gettime(CLOCK_MONOTONIC, &start);
-	snprintf(last, sizeof(last), "probe: waiting for the plugin at %s",
+	snprintf(line, sizeof(line), "probe: waiting for the plugin at %s",
 		 ctl->endpoint);
-	pg = ctl_progress_start(last);
+	pg = ctl_progress_start(line);
 	for (;;) {
 		ProtobufCMessage *out;
 		enum csi_code code;
@@ -1210,20 +1211,16 @@ static int ctl_probe(struct ctl *ctl)
 		}
 		if (out)
 			protobuf_c_message_free_unpacked(out, NULL);
-		{
-			char line[600];
-
-			snprintf(line, sizeof(line), "probe: waiting for the plugin at %s: %s",
-				 ctl->endpoint, last);
-			ctl_progress_set(pg, line);
-		}
+		snprintf(line, sizeof(line), "probe: waiting for the plugin at %s: %s",
+			 ctl->endpoint, last);
+		ctl_progress_set(pg, line);
 		nanosleep(&(struct timespec){ 0, CTL_PROBE_INTERVAL_MS * 1000000L },
 			  NULL);
 	}
 	ctl_progress_stop(pg);
 	fprintf(stderr, CTL_PROG ": probe: the plugin at %s was not ready within %.1f s: %s\n",
 		ctl->endpoint, ctl->a.wait_ms / 1000.0, last);
-	return ret;
+	return CTL_EXIT_FAIL;
 }
 
 static void ctl_text_volume_list(struct ctl *ctl, const ProtobufCMessage *reply)
