@@ -177,15 +177,20 @@ cd "$R/cwd"
 __rc=0
 """
 
-# Everything a page started ends with it: FUSE mounts are detached (their
-# daemons then exit), and every process left in this namespace is killed.
+# Everything a page started ends with it: its FUSE mounts (below the
+# scratch directories: the namespace's copies of other mounts are left
+# alone) are detached, so their daemons exit, and every process left in
+# this namespace is killed.
 EPILOGUE = r"""
 trap - ERR
 exec >/dev/null 2>&1
 for t in $(jobs -p); do kill "$t"; done
 sleep 0.5
 awk '$3 ~ /^fuse/ {print $2}' /proc/self/mounts | sort -r | while read -r m; do
-    umount -l "$(printf '%b' "$m")"
+    m=$(printf '%%b' "$m")
+    for d in %(scratch)s; do
+        case $m in "$d"/*) umount -l "$m" ;; esac
+    done
 done
 me=$(readlink /proc/$$/ns/mnt)
 for p in /proc/[0-9]*; do
@@ -219,7 +224,7 @@ def _script(page_blocks, results, bins):
                 f"{{ mount --fstab {tag}.fstab\" {mnt} && "
                 f"mountpoint {mnt}; }} > {tag}.out\" 2>&1 "
                 f"|| echo \"mount --fstab: $?\" >> {tag}.failed\"\n")
-    parts.append(EPILOGUE)
+    parts.append(EPILOGUE % {"scratch": " ".join(SCRATCH)})
     return "\n".join(parts)
 
 
