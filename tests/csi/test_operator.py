@@ -54,6 +54,20 @@ def test_usage_errors_say_one_thing(args, message):
     assert r.stdout == ""
 
 
+@pytest.mark.parametrize("args,message", [
+    (["--bogus", "info"], ["stratactl: unknown option '--bogus'",
+                           "Try 'stratactl --help'."]),
+    (["info", "--bogus"], ["stratactl: info: unknown option '--bogus'",
+                           "Try 'stratactl info --help'."]),
+    (["volume", "list", "--bogus"], ["stratactl: volume list: unknown option '--bogus'",
+                                     "Try 'stratactl volume list --help'."]),
+])
+def test_stratactl_refuses_unknown_flags_by_name(args, message):
+    r = subprocess.run([stratactl_binary(), "--endpoint", "unix:///nonexistent.sock"]
+                       + args, capture_output=True, text=True, timeout=20)
+    assert (r.returncode, r.stderr.splitlines(), r.stdout) == (2, message, "")
+
+
 def test_unusable_stratafs_is_not_ready_in_the_log(env):
     p = env.plugin(root=env.layered_root(), stratafs="/nonexistent/stratafs",
                    wait="serving")
