@@ -55,12 +55,16 @@ def test_a_bad_libfuse_value_is_libfuses_word(stratafs_only):
 
 
 def test_libfuse_options_still_pass(stratafs_only, daemon_mount):
+    """The check asks libfuse, so its own options (and the kernel's mount
+    flags it knows) are still taken."""
     l0, up, wk, mnt = _dirs(stratafs_only.tmp)
     daemon_mount(mnt)
-    r = _stratafs("-o", f"lowerdir={l0},upperdir={up},workdir={wk},max_read=65536",
+    r = _stratafs("-o", f"lowerdir={l0},upperdir={up},workdir={wk},nodev,noexec",
                   mnt, timeout=20)
     assert r.returncode == 0, r.stderr
-    assert is_mounted(mnt)
+    with open("/proc/self/mounts") as f:
+        opts = [l.split()[3].split(",") for l in f if l.split()[1] == mnt]
+    assert opts and {"nodev", "noexec"} <= set(opts[-1]), opts
 
 
 def test_read_only_view_is_ro_in_proc_mounts(stratafs_only, daemon_mount):
