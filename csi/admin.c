@@ -4,7 +4,8 @@
  * volume's daemon under its pods: the supervisor keeps the FUSE
  * connection and the mount, and starts a new worker from the binary on
  * disk now (with --daemon-binary-dir, the plugin's newest copy, through
- * the bundle directory's "current" link).
+ * the bundle directory's "current" link). ListVolumeStates and
+ * InspectVolume (inspect.c) show what the node does with each volume.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -140,7 +141,8 @@ static void csi_admin_replace_worker(struct csi_plugin *p,
 	}
 	csi_reply_volume(r, req->volume_id);
 	if (!csi_volume_id_valid(req->volume_id)) {
-		csi_reply_set(r, CSI_NOT_FOUND, "no volume %.64s", req->volume_id);
+		csi_reply_set(r, CSI_NOT_FOUND, "volume %.64s: no such volume",
+			      req->volume_id);
 		return;
 	}
 	if (csi_busy_enter(&p->store, req->volume_id)) {
@@ -220,5 +222,12 @@ const struct csi_method csi_admin_methods[] = {
 	{ "/strata.v1.Admin/ReplaceWorker",
 	  &strata__v1__replace_worker_request__descriptor,
 	  csi_admin_replace_worker, CSI_MODE_NODE, true },
+	/* blocking: they walk every upper layer for its usage */
+	{ "/strata.v1.Admin/ListVolumeStates",
+	  &strata__v1__list_volume_states_request__descriptor,
+	  csi_admin_list_volume_states, CSI_MODE_NODE, true },
+	{ "/strata.v1.Admin/InspectVolume",
+	  &strata__v1__inspect_volume_request__descriptor,
+	  csi_admin_inspect_volume, CSI_MODE_NODE, true },
 	{ NULL },
 };

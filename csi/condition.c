@@ -60,10 +60,12 @@ static int csi_daemon_layers(pid_t pid, int *fds, int max)
 	return n;
 }
 
-/* What is wrong with the volume's layers, in `msg`; "" when nothing. */
-static void csi_layers_condition(struct csi_plugin *p, const struct csi_volume *v,
-				 const struct csi_node_vol *n, char *msg,
-				 size_t size)
+/*
+ * What is wrong with a staged volume's layers, in `msg`; "" when nothing.
+ * Reads only: the Admin service asks it from any thread.
+ */
+void csi_condition_layers(struct csi_plugin *p, const struct csi_volume *v,
+			  const struct csi_node_vol *n, char *msg, size_t size)
 {
 	int fds[CSI_MAX_LAYERS], nfds;
 
@@ -128,7 +130,7 @@ void csi_condition_check(struct csi_plugin *p, const char *id, unsigned round)
 		return;
 	if (!csi_daemon_alive(&n) || csi_volume_load(&p->store, id, &v))
 		goto out_state;
-	csi_layers_condition(p, &v, &n, msg, sizeof(msg));
+	csi_condition_layers(p, &v, &n, msg, sizeof(msg));
 	c = csi_cond_get(p, id);
 	if (!c)
 		goto out_volume;

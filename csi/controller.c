@@ -124,9 +124,14 @@ int csi_layers_check(struct csi_plugin *p, struct csi_volume *v,
 				return -EINVAL;
 			}
 		fd = csi_layer_open(&p->store, name);
+		if (fd == -ENOENT) {
+			snprintf(why, size, "layer '%s': no such layer (no directory %s/layers/%s: place the layer there, or fix the name)",
+				 name, p->store.root, name);
+			return -EINVAL;
+		}
 		if (fd < 0) {
-			snprintf(why, size, "layer '%s' %s", name,
-				 fd == -ENOENT ? "does not exist in the store's layers directory" :
+			snprintf(why, size, "layer '%s' (%s/layers/%s) %s", name,
+				 p->store.root, name,
 				 fd == -ELOOP || fd == -EXDEV ? "is a symlink, and layers are never followed through links" :
 				 fd == -ENOTDIR ? "is not a directory" : strerror(-fd));
 			return -EINVAL;

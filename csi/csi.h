@@ -29,6 +29,7 @@
 
 #define CSI_DEFAULT_DRIVER "strata.csi.dev"
 #define CSI_DEFAULT_ROOT "/var/lib/strata"
+#define CSI_STORE_LOCK ".lock"	/* below the root, while a plugin holds it */
 /* "sv-" and 32 hex digits: 128 random bits, never a path before checked */
 #define CSI_VOLUME_ID_PREFIX "sv-"
 #define CSI_VOLUME_ID_LEN 35
@@ -215,6 +216,7 @@ struct csi_node_vol {
 	struct csi_mnt prev;	/* the mount a heal is replacing, until done */
 	pid_t pid;
 	unsigned long long starttime; /* /proc/<pid>/stat: tells pid reuse */
+	unsigned restarts;	/* daemons started again by a heal */
 	int ntargets;
 	struct csi_target *targets;
 };
@@ -266,6 +268,13 @@ extern const struct csi_method csi_identity_methods[];
 extern const struct csi_method csi_controller_methods[];
 extern const struct csi_method csi_node_methods[];
 extern const struct csi_method csi_admin_methods[];
+/* inspect.c: the Admin service's volume states */
+void csi_admin_list_volume_states(struct csi_plugin *p,
+				  const ProtobufCMessage *msg,
+				  struct csi_reply *r);
+void csi_admin_inspect_volume(struct csi_plugin *p,
+			      const ProtobufCMessage *msg,
+			      struct csi_reply *r);
 /* identity.c: every table above, NULL terminated: what the socket serves */
 extern const struct csi_method *const csi_services[];
 
@@ -420,6 +429,8 @@ void csi_cgroup_free(struct csi_host *h);
 /* condition.c: abnormal conditions of staged volumes, logged */
 void csi_condition_check(struct csi_plugin *p, const char *id, unsigned round);
 void csi_condition_prune(struct csi_plugin *p, unsigned round);
+void csi_condition_layers(struct csi_plugin *p, const struct csi_volume *v,
+			  const struct csi_node_vol *n, char *msg, size_t size);
 
 /* metrics.c */
 enum csi_event {

@@ -374,12 +374,17 @@ int csi_daemon_start(struct csi_plugin *p, const struct csi_volume *v,
 		snprintf(why, size, "%s", strerror(-ret));
 		goto out;
 	}
+	/*
+	 * mount.fuse3's form, SOURCE first: `ps` then names the volume a
+	 * daemon serves, where its options only show /proc/self/fd paths.
+	 */
 	sp.argv[0] = "stratafs";
-	sp.argv[1] = "-f";
-	sp.argv[2] = "-o";
-	sp.argv[3] = opts;
-	sp.argv[4] = fuse_arg;
-	sp.argv[5] = NULL;
+	sp.argv[1] = source;
+	sp.argv[2] = fuse_arg;
+	sp.argv[3] = "-f";
+	sp.argv[4] = "-o";
+	sp.argv[5] = opts;
+	sp.argv[6] = NULL;
 	dprintf(sp.logfd, "strata-csi: starting stratafs for %s\n", n->staging);
 	from = lseek(sp.logfd, 0, SEEK_END);
 	pid = csi_daemon_fork(p, &sp, v->id, why, size);

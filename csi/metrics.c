@@ -323,6 +323,24 @@ static int csi_parse_addr(const char *addr, struct addrinfo **ai)
 	return getaddrinfo(host[0] ? host : NULL, port + 1, &hints, ai) ? -EINVAL : 0;
 }
 
+/* A listening socket on ai's address, or a negative errno. */
+static int csi_metrics_listen(const struct addrinfo *ai)
+{
+	int one = 1, fd, ret;
+
+	fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -errno;
+	/* a restart must not wait out the last run's TIME_WAIT connections */
+	if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) < 0 ||
+	    bind(fd, ai->ai_addr, ai->ai_addrlen) < 0 || listen(fd, 16) < 0) {
+		ret = -errno;
+		close(fd);
+		return ret;
+	}
+	return fd;
+}
+
 int csi_metrics_start(struct csi_plugin *p, const char *addr)
 {
 	struct addrinfo *ai;
@@ -340,16 +358,29 @@ int csi_metrics_start(struct csi_plugin *p, const char *addr)
 		strata_err("--metrics-address '%s' is not HOST:PORT", addr);
 		return ret;
 	}
+	/*
+	 * Bound here, not by libmicrohttpd: its own error names neither the
+	 * address nor the port asked for ("Failed to bind to port 0").
+	 */
+	ret = csi_metrics_listen(ai);
+	freeaddrinfo(ai);
+	if (ret < 0) {
+		strata_err("cannot serve metrics on %s: %s%s", addr,
+			   strerror(-ret),
+			   ret == -EADDRINUSE ?
+				   ": another program listens there; give --metrics-address another port" :
+				   "");
+		return ret;
+	}
 	csi_m.mhd = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD |
-					     MHD_USE_ERROR_LOG |
-					     (ai->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0),
+					     MHD_USE_ERROR_LOG,
 				     0, NULL, NULL, csi_metrics_answer, NULL,
-				     MHD_OPTION_SOCK_ADDR, ai->ai_addr,
+				     MHD_OPTION_LISTEN_SOCKET, ret,
 				     MHD_OPTION_CONNECTION_LIMIT, 16U,
 				     MHD_OPTION_CONNECTION_TIMEOUT, 10U,
 				     MHD_OPTION_END);
-	freeaddrinfo(ai);
 	if (!csi_m.mhd) {
+		close(ret);
 		strata_err("cannot serve metrics on %s", addr);
 		return -EADDRNOTAVAIL;
 	}

@@ -113,7 +113,8 @@ static int csi_node_lock(struct csi_plugin *p, struct csi_reply *r,
 	if (nr->busy)
 		return 0;
 	if (!csi_volume_id_valid(nr->id)) {
-		csi_reply_set(r, CSI_NOT_FOUND, "no volume %.64s", nr->id);
+		csi_reply_set(r, CSI_NOT_FOUND, "volume %.64s: no such volume",
+			      nr->id);
 		return -ENOENT;
 	}
 	if (csi_busy_enter(&p->store, nr->id)) {
@@ -1088,7 +1089,7 @@ static void csi_node_stats(struct csi_plugin *p, const ProtobufCMessage *msg,
 	csi_reply_ok(r, out);
 	goto out;
 out_notfound:
-	csi_reply_set(r, CSI_NOT_FOUND, "volume %.64s is not at %.256s",
+	csi_reply_set(r, CSI_NOT_FOUND, "volume %.64s: not published or staged at %.256s",
 		      req->volume_id, req->volume_path);
 	goto out;
 out_nomem:

@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "csi.h"
 
@@ -140,6 +141,7 @@ int csi_heal(struct csi_plugin *p, const struct csi_volume *v,
 	if (ret)
 		goto out;
 	n->prev = (struct csi_mnt){ 0 };
+	n->restarts++;
 	ret = csi_state_save(&p->store, n);
 	if (ret)
 		snprintf(why, size, "volume %s: saving the node record: %s",
@@ -396,7 +398,16 @@ static void *csi_watch_main(void *arg)
 	csi_adopt(p);
 	csi_reconcile(p);
 	__atomic_store_n(&p->ready, 1, __ATOMIC_RELEASE);
-	strata_info("ready");
+	/*
+	 * Probe checks the daemon binary on every call; without this line
+	 * the log would say "ready" over a plugin that can stage nothing.
+	 */
+	if (access(p->host.exec, X_OK) < 0)
+		strata_err("not ready: the stratafs daemon %s is unusable (%s): "
+			   "give --stratafs the path of a stratafs binary",
+			   p->host.exec, strerror(errno));
+	else
+		strata_info("ready");
 	pthread_mutex_lock(&w->lock);
 	while (!w->stop) {
 		struct timespec ts;

@@ -188,7 +188,7 @@ static void csi_call_log(struct csi_call *c)
 				      c->reply.code == CSI_UNIMPLEMENTED ?
 			      STRATA_LOG_INFO :
 			      STRATA_LOG_WARN,
-		      "rpc", kv);
+		      "rpc", kv, 1u << 3 /* duration_ms */);
 	gpr_free(method);
 }
 

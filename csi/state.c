@@ -113,6 +113,8 @@ static int csi_state_parse(json_object *o, struct csi_node_vol *n)
 	n->staging_created = csi_json_bool(o, "staging_created");
 	n->pid = (pid_t)csi_json_int(o, "pid");
 	n->starttime = (unsigned long long)csi_json_int(o, "starttime");
+	/* absent from records written before it was counted: 0 */
+	n->restarts = (unsigned)csi_json_int(o, "restarts");
 	if (!n->staging || !n->stage_flags)
 		return -ENOMEM;
 	ret = csi_mnt_parse(o, "mount", &n->mnt);
@@ -175,6 +177,8 @@ int csi_state_save(struct csi_store *s, const struct csi_node_vol *n)
 	json_object_object_add(o, "pid", json_object_new_int64(n->pid));
 	json_object_object_add(o, "starttime",
 			       json_object_new_int64((int64_t)n->starttime));
+	json_object_object_add(o, "restarts",
+			       json_object_new_int64((int64_t)n->restarts));
 	for (int i = 0; targets && i < n->ntargets; i++) {
 		const struct csi_target *nt = &n->targets[i];
 		json_object *t = json_object_new_object();

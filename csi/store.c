@@ -110,16 +110,12 @@ int csi_store_open(struct csi_store *s, const char *root)
 	 * flock needs no more, and a file held open for writing would keep
 	 * the store's filesystem from being remounted read-only.
 	 */
-	s->lock_fd = openat(s->root_fd, ".lock", O_RDONLY | O_CREAT | O_CLOEXEC,
-			    0600);
-	if (s->lock_fd < 0) {
-		ret = -errno;
+	ret = strata_lock_file(s->root_fd, CSI_STORE_LOCK);
+	if (ret < 0) {
+		ret = ret == -EWOULDBLOCK ? -EADDRINUSE : ret;
 		goto out;
 	}
-	if (flock(s->lock_fd, LOCK_EX | LOCK_NB) < 0) {
-		ret = errno == EWOULDBLOCK ? -EADDRINUSE : -errno;
-		goto out;
-	}
+	s->lock_fd = ret;
 	if ((ret = csi_open_dir(s->root_fd, "layers", &s->layers_fd)) ||
 	    (ret = csi_open_dir(s->root_fd, "volumes", &s->volumes_fd)) ||
 	    (ret = csi_open_dir(s->root_fd, "node", &s->node_fd)) ||
@@ -138,7 +134,12 @@ out:
 void csi_store_close(struct csi_store *s)
 {
 	int *fds[] = { &s->root_fd,  &s->layers_fd, &s->volumes_fd,
-		       &s->node_fd,  &s->empty_fd,  &s->lock_fd };
+		       &s->node_fd,  &s->empty_fd };
+
+	/* before root_fd goes: the lock file exists while a plugin holds it */
+	if (s->root_fd >= 0)
+		strata_unlock_file(s->root_fd, CSI_STORE_LOCK, s->lock_fd);
+	s->lock_fd = -1;
 
 	for (size_t i = 0; i < sizeof(fds) / sizeof(fds[0]); i++)
 		if (*fds[i] >= 0) {

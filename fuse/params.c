@@ -7,6 +7,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -183,6 +184,66 @@ static void sfs_unescape_path(char *s)
 	*w = '\0';
 }
 
+/* What libfuse says while it reads the options, to be said our way. */
+static char sfs_fuse_said[512];
+
+static void sfs_fuse_log(enum fuse_log_level level, const char *fmt,
+			 va_list ap)
+{
+	size_t n = strlen(sfs_fuse_said);
+
+	(void)level;
+	if (n < sizeof(sfs_fuse_said) - 1)
+		vsnprintf(sfs_fuse_said + n, sizeof(sfs_fuse_said) - n, fmt, ap);
+}
+
+/*
+ * The options left after ours are libfuse's, or nobody's. libfuse has
+ * no list to check them against, only fuse_session_new(), which refuses
+ * what it does not know: so a session is made and dropped here, before
+ * any check of ours can misread a typo ("uperdir=" is not a missing
+ * upperdir=), and before the layers are opened. It opens no device.
+ */
+static int sfs_params_check_fuse(const struct fuse_args *args)
+{
+	static const char unknown[] = "fuse: unknown option(s): `";
+	struct fuse_args copy = FUSE_ARGS_INIT(0, NULL);
+	struct fuse_session *se;
+	char *said = sfs_fuse_said;
+	size_t len;
+
+	for (int i = 0; i < args->argc; i++)
+		if (fuse_opt_add_arg(&copy, args->argv[i]) < 0) {
+			fuse_opt_free_args(&copy);
+			fprintf(stderr, "stratafs: out of memory\n");
+			return -ENOMEM;
+		}
+	sfs_fuse_said[0] = '\0';
+	fuse_set_log_func(sfs_fuse_log);
+	se = fuse_session_new(&copy, &sfs_ops, sizeof(sfs_ops), NULL);
+	fuse_set_log_func(NULL);
+	fuse_opt_free_args(&copy);
+	if (se) {
+		fuse_session_destroy(se);
+		return 0;
+	}
+	len = strlen(said);
+	if (len && said[len - 1] == '\n')
+		said[--len] = '\0';
+	if (!strncmp(said, unknown, sizeof(unknown) - 1) && len &&
+	    said[len - 1] == '\'') {
+		said[len - 1] = '\0';
+		said += sizeof(unknown) - 1;
+		if (!strncmp(said, "-o ", 3))
+			said += 3;
+		fprintf(stderr, "stratafs: unknown option '%s'\n", said);
+	} else {
+		fprintf(stderr, "stratafs: invalid options: %s\n",
+			*said ? said : "refused by libfuse");
+	}
+	return -EINVAL;
+}
+
 int sfs_params_parse(struct fuse_args *args, struct sfs_params *p)
 {
 	memset(p, 0, sizeof(*p));
@@ -196,6 +257,8 @@ int sfs_params_parse(struct fuse_args *args, struct sfs_params *p)
 		sfs_unescape_path(p->statsfile);
 	if (p->show_help || p->show_version)
 		return 0;
+	if (sfs_params_check_fuse(args) < 0)
+		return -EINVAL;
 	if (!p->mountpoint) {
 		fprintf(stderr, "stratafs: no mountpoint given\n");
 		return -EINVAL;

@@ -468,6 +468,9 @@ static int sfs_resume(struct sfs_super *sv, struct fuse_args *args,
 		return 1;
 	}
 	unsetenv(SFS_RESUME_ENV);
+	/* the binary before detached already; its stderr is ours */
+	if (!p->foreground)
+		strata_log_detached(-1);
 	sv->fs = sfs = sfs_shm->fs;
 	/* the binary before's own memory is gone: the rest is shared */
 	sfs->params = *p;
@@ -489,7 +492,7 @@ int sfs_run(const struct sfs_params *p, struct fuse_args *args, char **argv)
 	struct sfs_super sv = { .argv = argv, .exefd = -1, .sigfd = -1 };
 	const char *spec = getenv(SFS_RESUME_ENV);
 	struct sfs_fs *fs;
-	int ret = 1;
+	int errfd, ret = 1;
 
 	sfs_process_init();
 	if (spec) {
@@ -517,10 +520,15 @@ int sfs_run(const struct sfs_params *p, struct fuse_args *args, char **argv)
 	sv.se = sfs_mount(fs, args, -1);
 	if (!sv.se)
 		goto out_fs;
-	if (fuse_daemonize(fs->params.foreground) != 0)
+	/* daemonizing points stderr at /dev/null: where messages go after */
+	errfd = fs->params.foreground ? -1 : strata_log_prepare_detach();
+	if (fuse_daemonize(fs->params.foreground) != 0) {
+		if (errfd >= 0)
+			close(errfd);
 		goto out_unmount;
+	}
 	if (!fs->params.foreground)
-		strata_log_to_syslog();
+		strata_log_detached(errfd);
 	if (!sfs_can_supervise(fs)) {
 		ret = sfs_serve_alone(fs);
 		goto out_unmount;

@@ -4,6 +4,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "strata.h"
@@ -45,4 +47,44 @@ int strata_rmtree_at(int parent, const char *name)
 	if (ret < 0)
 		return ret;
 	return unlinkat(parent, name, AT_REMOVEDIR) < 0 ? -errno : 0;
+}
+
+/*
+ * A lock file that exists only while its holder runs: `name` below
+ * `dirfd`, created and flock()ed, or -EWOULDBLOCK when another process
+ * holds it. Because the holder unlinks it on the way out
+ * (strata_unlock_file), a process that opened the old file just before
+ * the unlink can win a lock on a name that no longer exists: the lock
+ * counts only when the name still leads to the file that was locked.
+ */
+int strata_lock_file(int dirfd, const char *name)
+{
+	struct stat held, now;
+	int fd;
+
+	for (;;) {
+		fd = openat(dirfd, name, O_RDONLY | O_CREAT | O_CLOEXEC, 0600);
+		if (fd < 0)
+			return -errno;
+		if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+			int err = errno;
+
+			close(fd);
+			return -err;
+		}
+		if (fstat(fd, &held) == 0 &&
+		    fstatat(dirfd, name, &now, AT_SYMLINK_NOFOLLOW) == 0 &&
+		    held.st_dev == now.st_dev && held.st_ino == now.st_ino)
+			return fd;
+		close(fd);	/* unlinked under us: the next holder's turn */
+	}
+}
+
+/* Unlinks and releases a lock taken by strata_lock_file; fd < 0: none. */
+void strata_unlock_file(int dirfd, const char *name, int fd)
+{
+	if (fd < 0)
+		return;
+	unlinkat(dirfd, name, 0);
+	close(fd);
 }

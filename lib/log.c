@@ -1,11 +1,14 @@
 /*
  * Logging shared by the programs: to stderr while a terminal or a
  * supervisor reads it, to syslog once a daemon has detached (its stderr
- * is /dev/null then, and a lost error message is worse than none).
+ * is /dev/null then, and a lost error message is worse than none), or to
+ * the stderr it was started with where there is no syslog socket.
  */
 #include <stdio.h>
 #include <string.h>
+#include <fcntl.h>
 #include <syslog.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -29,10 +32,49 @@ void strata_log_init(const char *prog, int level)
 	log_max = level;
 }
 
-void strata_log_to_syslog(void)
+static bool log_have_syslog(void)
 {
-	openlog(log_prog, LOG_PID, LOG_DAEMON);
-	log_syslog = true;
+	struct stat st;
+
+	return stat("/dev/log", &st) == 0 && S_ISSOCK(st.st_mode);
+}
+
+/*
+ * Before a daemon detaches: where its messages go afterwards. Syslog
+ * where /dev/log exists; else the stderr it was started with, when that
+ * is a file or a terminal: a copy of it is returned, for
+ * strata_log_detached(). A pipe is not kept: whoever reads it waits for
+ * its end, and `out=$(stratafs ... 2>&1)` would never return. Then the
+ * messages would be lost, and this says so while it still can be read.
+ */
+int strata_log_prepare_detach(void)
+{
+	struct stat st;
+
+	if (log_have_syslog())
+		return -1;
+	if (fstat(STDERR_FILENO, &st) == 0 &&
+	    (S_ISREG(st.st_mode) || isatty(STDERR_FILENO)))
+		return fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, 3);
+	strata_warn("no syslog here (/dev/log) and stderr is no file: what the "
+		    "daemon says once detached is lost; run it with -f, or with 2>>FILE");
+	return -1;
+}
+
+/*
+ * Once detached: to syslog, or to errfd (taken over) from
+ * strata_log_prepare_detach(), or nowhere (-1, said then).
+ */
+void strata_log_detached(int errfd)
+{
+	if (log_have_syslog()) {
+		openlog(log_prog, LOG_PID, LOG_DAEMON);
+		log_syslog = true;
+	} else if (errfd >= 0) {
+		dup2(errfd, STDERR_FILENO);
+	}
+	if (errfd >= 0)
+		close(errfd);
 }
 
 /* One JSON object per line, for log collectors that parse fields. */
@@ -98,7 +140,7 @@ void strata_log(int level, const char *fmt, ...)
 		va_start(ap, fmt);
 		vsnprintf(line, sizeof(line), fmt, ap);
 		va_end(ap);
-		strata_log_kv(level, line, none);
+		strata_log_kv(level, line, none, 0);
 		return;
 	}
 	va_start(ap, fmt);
@@ -141,9 +183,12 @@ static size_t log_json_str(char *buf, size_t size, size_t len, const char *s)
 /*
  * A message with key/value fields: "msg k=v k=v" as text, or the fields
  * as members of the JSON object. `kv` is a list of key, value pairs that
- * ends at the first NULL key.
+ * ends at the first NULL key. Bit i of `numbers` marks pair i's value as
+ * a number, written bare in JSON so that collectors can sum and compare
+ * it ("duration_ms":1.25, not "1.25"); the caller formats it as one.
  */
-void strata_log_kv(int level, const char *msg, const char *const *kv)
+void strata_log_kv(int level, const char *msg, const char *const *kv,
+		   unsigned numbers)
 {
 	char line[2048];
 	size_t len = 0;
@@ -164,13 +209,19 @@ void strata_log_kv(int level, const char *msg, const char *const *kv)
 			       tm.tm_hour, tm.tm_min, tm.tm_sec,
 			       ts.tv_nsec / 1000000, log_prog, log_names[level]);
 		len = log_json_str(line, sizeof(line), len, msg);
-		for (; kv[0]; kv += 2) {
+		for (unsigned i = 0; kv[0]; kv += 2, i++) {
 			if (len < sizeof(line))
 				line[len] = ',';
 			len = log_json_str(line, sizeof(line), len + 1, kv[0]);
 			if (len < sizeof(line))
 				line[len] = ':';
-			len = log_json_str(line, sizeof(line), len + 1, kv[1]);
+			len++;
+			if (i < 32 && (numbers >> i & 1))
+				len += snprintf(line + (len < sizeof(line) ? len : sizeof(line)),
+						len < sizeof(line) ? sizeof(line) - len : 0,
+						"%s", kv[1]);
+			else
+				len = log_json_str(line, sizeof(line), len, kv[1]);
 		}
 		if (len + 2 > sizeof(line))
 			len = sizeof(line) - 2; /* cut, but still one line */

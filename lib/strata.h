@@ -16,9 +16,11 @@ enum strata_log_level {
 
 /* log.c */
 void strata_log_init(const char *prog, int level);
-void strata_log_to_syslog(void);
+int strata_log_prepare_detach(void);
+void strata_log_detached(int errfd);
 void strata_log_json(bool on);
-void strata_log_kv(int level, const char *msg, const char *const *kv);
+void strata_log_kv(int level, const char *msg, const char *const *kv,
+		   unsigned numbers);
 int strata_log_level(void);
 void strata_log(int level, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
@@ -68,5 +70,7 @@ extern const char *const strata_stat_names[STRATA_ST_COUNT];
 
 /* fsutil.c */
 int strata_rmtree_at(int parent, const char *name);
+int strata_lock_file(int dirfd, const char *name);
+void strata_unlock_file(int dirfd, const char *name, int fd);
 
 #endif

@@ -9,7 +9,7 @@ PKGS=(
 	libfuse3-dev fuse3 liburing-dev
 	libprotobuf-c-dev protobuf-c-compiler libgrpc-dev protobuf-compiler libprotobuf-dev
 	libjson-c-dev libmicrohttpd-dev
-	python3 python3-pytest python3-grpcio python3-protobuf python3-yaml
+	python3 python3-pytest python3-grpcio python3-protobuf python3-yaml jq
 	attr acl util-linux kmod fuse-overlayfs fio valgrind
 	debhelper dpkg-dev groff-base man-db systemd
 )

@@ -1,7 +1,8 @@
 #!/bin/bash
 # The whole test suite: unit programs, the integration suite over real
 # mounts (kernel overlayfs as the oracle, stratafs as built), the CSI
-# plugin suite over a real socket, and the same again on an
+# plugin suite over a real socket, the packaging checks, every example
+# of README.md and docs/ run as written, and the same again on an
 # AddressSanitizer+UBSan build, the race suite on a ThreadSanitizer
 # build, two copies at once, and the libFuzzer targets (fuzz/) for
 # FUZZ_SECONDS (60) each, two at a time. Ends with one line
@@ -118,6 +119,18 @@ run_csi() {
 	count_junit "$results/$name.xml"
 }
 
+# Runs every example of README.md and docs/ as written, on a scratch root
+# (tests/docs/README.md), against one build directory's programs.
+run_docs() {
+	local dir=$1
+	echo "== docs (every example, as written)"
+	(cd tests/docs &&
+		STRATA_CSI="$dir/strata-csi" STRATACTL="$dir/stratactl" \
+		STRATAFS="$dir/stratafs" /usr/bin/python3 -m pytest -q \
+			--junitxml="$results/docs.xml" ${PYTEST_ARGS:-})
+	count_junit "$results/docs.xml"
+}
+
 # Runs the packaging suite (manifests, image build script, the .deb,
 # man pages, units) against one build directory's programs.
 run_packaging() {
@@ -163,6 +176,7 @@ STRATAFS_OPTS=passthrough run_integration integration-passthrough \
 	"$top/build/stratafs" -m stratafs -k "not valgrind and not memory"
 run_csi csi "$top/build"
 run_packaging "$top/build"
+run_docs "$top/build"
 
 echo "== build (libFuzzer targets, clang)"
 if scripts/build.sh build-fuzz --enable-fuzz; then

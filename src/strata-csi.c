@@ -12,7 +12,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/file.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -233,7 +232,8 @@ static int csi_parse_args(int argc, char **argv, struct csi_config *c,
 
 	c->modes = CSI_MODE_NODE | CSI_MODE_CONTROLLER;
 	c->workers = 4;
-	while ((opt = getopt_long(argc, argv, "v:", opts, NULL)) != -1) {
+	opterr = 0; /* our messages: they name the option and stop there */
+	while ((opt = getopt_long(argc, argv, ":v:", opts, NULL)) != -1) {
 		size_t i;
 
 		for (i = 0; i < sizeof(strs) / sizeof(strs[0]); i++)
@@ -260,14 +260,16 @@ static int csi_parse_args(int argc, char **argv, struct csi_config *c,
 			break;
 		case 'x':
 			c->max_volumes = strtoll(optarg, &end, 10);
-			if (*end || c->max_volumes < 0) {
-				fprintf(stderr, "strata-csi: --max-volumes takes a count\n");
+			if (!*optarg || *end || c->max_volumes < 0) {
+				fprintf(stderr, "strata-csi: --max-volumes takes a count from 0, not '%s'\n",
+					optarg);
 				return 2;
 			}
 			break;
 		case 'l':
 			if (strcmp(optarg, "text") && strcmp(optarg, "json")) {
-				fprintf(stderr, "strata-csi: --log-format is text or json\n");
+				fprintf(stderr, "strata-csi: --log-format is text or json, not '%s'\n",
+					optarg);
 				return 2;
 			}
 			*json = !strcmp(optarg, "json");
@@ -290,8 +292,18 @@ static int csi_parse_args(int argc, char **argv, struct csi_config *c,
 		case 'h':
 			csi_usage(stdout);
 			return 1;
+		case ':':
+			fprintf(stderr, "strata-csi: option '%s' needs a value\n",
+				argv[optind - 1]);
+			return 2;
 		default:
-			csi_usage(stderr);
+			/* the one line that matters, not buried under the help */
+			if (optopt)
+				fprintf(stderr, "strata-csi: unknown option '-%c'\n",
+					optopt);
+			else
+				fprintf(stderr, "strata-csi: unknown option '%s'\n",
+					argv[optind - 1]);
 			return 2;
 		}
 	}
@@ -301,7 +313,6 @@ static int csi_parse_args(int argc, char **argv, struct csi_config *c,
 	}
 	if (!endpoint || !c->node_id || !c->node_id[0]) {
 		fprintf(stderr, "strata-csi: --endpoint (or CSI_ENDPOINT) and --nodeid are required\n");
-		csi_usage(stderr);
 		return 2;
 	}
 	if (csi_parse_endpoint(c, endpoint) || csi_resolve_prefixes(c) ||
@@ -318,24 +329,25 @@ static int csi_parse_args(int argc, char **argv, struct csi_config *c,
 	return 0;
 }
 
-/* A second live plugin would silently steal the socket: one per socket. */
-static int csi_lock_socket(const char *socket_path)
+/*
+ * A second live plugin would silently steal the socket: one per socket,
+ * through SOCKET.lock beside it, which goes when the plugin does.
+ */
+static int csi_lock_socket(const char *socket_path, char **lock_path)
 {
-	char path[sizeof(((struct sockaddr_un *)0)->sun_path) + 8];
 	int fd;
 
-	snprintf(path, sizeof(path), "%s.lock", socket_path);
-	fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-	if (fd < 0) {
-		fprintf(stderr, "strata-csi: %s: %s\n", path, strerror(errno));
+	if (asprintf(lock_path, "%s.lock", socket_path) < 0) {
+		*lock_path = NULL;
 		return -1;
 	}
-	if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+	fd = strata_lock_file(AT_FDCWD, *lock_path);
+	if (fd == -EWOULDBLOCK)
 		fprintf(stderr, "strata-csi: another strata-csi serves %s\n",
 			socket_path);
-		close(fd);
-		return -1;
-	}
+	else if (fd < 0)
+		fprintf(stderr, "strata-csi: %s: %s\n", *lock_path,
+			strerror(-fd));
 	return fd;
 }
 
@@ -382,18 +394,22 @@ int main(int argc, char **argv)
 	struct csi_server *srv;
 	sigset_t stop;
 	bool json = false;
+	char *lock_path = NULL;
 	int lock_fd, ret;
 
 	strata_log_init("strata-csi", STRATA_LOG_INFO);
 	ret = csi_parse_args(argc, argv, &p.cfg, &json);
 	if (ret) {
+		/* every usage error said what; this says where the rest is */
+		if (ret == 2)
+			fprintf(stderr, "Try 'strata-csi --help'.\n");
 		csi_config_free(&p.cfg);
 		return ret == 1 ? 0 : 2;
 	}
 	strata_log_json(json);
 	csi_kill_points_init();
 	ret = 1;
-	lock_fd = csi_lock_socket(p.cfg.socket_path);
+	lock_fd = csi_lock_socket(p.cfg.socket_path, &lock_path);
 	if (lock_fd < 0)
 		goto out_cfg;
 	if (asprintf(&p.topology_key, "%s/node", p.cfg.driver_name) < 0)
@@ -455,8 +471,9 @@ out_store:
 out_topo:
 	free(p.topology_key);
 out_lock:
-	close(lock_fd);
+	strata_unlock_file(AT_FDCWD, lock_path, lock_fd);
 out_cfg:
+	free(lock_path);
 	csi_config_free(&p.cfg);
 	return ret;
 }

@@ -6,8 +6,10 @@
  * One subcommand per RPC the plugin serves, looked up in ctl_cmds[]. Every
  * command parses its arguments into one struct ctl_args (the options are
  * shared: --access-mode means the same thing wherever it is taken), builds
- * its request, makes one call (list-volumes --all makes several) and prints
+ * its request, makes one call (list-volumes --all and probe --wait make
+ * several, delete-volume asks first whether the volume exists) and prints
  * the reply: readable lines by default, one JSON object with --json.
+ * "volume list" and "volume inspect" are commands of two words.
  *
  * A command is mostly its table entry: the RPC's path and descriptors, and
  * the request field its argument fills. ctl_run() makes the request from
@@ -37,6 +39,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <json-c/json.h>
 
@@ -46,6 +49,9 @@
 #define CTL_DEFAULT_TIMEOUT_MS 30000
 /* a day: longer is a typo, and the milliseconds must fit an int */
 #define CTL_MAX_TIMEOUT_S 86400.0
+/* probe --wait: how long without a TIMEOUT, and how often it asks */
+#define CTL_PROBE_WAIT_S 60
+#define CTL_PROBE_INTERVAL_MS 250
 /* list-volumes --all: a plugin whose tokens never end is broken */
 #define CTL_MAX_PAGES 100000
 
@@ -81,6 +87,7 @@ enum ctl_opt {
 	CTL_OPT_MOUNT_GROUP,
 	CTL_OPT_FS_TYPE,
 	CTL_OPT_CONTEXT,
+	CTL_OPT_WAIT,
 };
 
 static const struct option ctl_options[] = {
@@ -107,6 +114,7 @@ static const struct option ctl_options[] = {
 	{ "mount-group", required_argument, NULL, CTL_OPT_MOUNT_GROUP },
 	{ "fs-type", required_argument, NULL, CTL_OPT_FS_TYPE },
 	{ "context", required_argument, NULL, CTL_OPT_CONTEXT },
+	{ "wait", optional_argument, NULL, CTL_OPT_WAIT },
 	{ NULL, 0, NULL, 0 },
 };
 #define CTL_NOPTIONS (sizeof(ctl_options) / sizeof(*ctl_options))
@@ -154,6 +162,7 @@ struct ctl_args {
 	const char *mount_group;
 	const char *fs_type;
 	struct ctl_kvs context;
+	int wait_ms;		/* probe --wait; -1: not given */
 };
 
 /* What is `offset` bytes into m (a struct or a message), as a `type`. */
@@ -219,6 +228,8 @@ struct ctl_cmd {
 	const char *done, *done_prep;
 	int done_opt;
 	int (*run)(struct ctl *ctl);
+	/* The progress line while a call takes long, after "NAME ID: ". */
+	const char *waiting;
 };
 
 /* The RPC of a command: its path and the descriptors of its messages. */
@@ -235,6 +246,7 @@ struct ctl_cmd {
 struct ctl {
 	const char *endpoint;
 	bool json;
+	bool no_such_volume;	/* delete-volume: there was nothing to delete */
 	int timeout_ms;
 	const struct ctl_cmd *cmd;
 	struct csi_client *client;
@@ -313,7 +325,9 @@ static int ctl_usage_error(struct ctl *ctl, const char *fmt, ...)
 /*
  * Sizes as Kubernetes writes quantities: plain bytes, K/M/G/T for powers
  * of 1000, Ki/Mi/Gi/Ti for powers of 1024; a trailing B is allowed
- * ("1GiB", "512MB"). The result must fit the proto's int64.
+ * ("1GiB", "512MB"). The result must fit the proto's int64. A lower-case
+ * b ("1Gb") is -EDOM: it reads as bits, and whoever wrote it may have
+ * meant Kubernetes' 1Gi as well as 1G, which differ by 7%.
  */
 static int ctl_parse_size(const char *s, int64_t *out)
 {
@@ -328,7 +342,9 @@ static int ctl_parse_size(const char *s, int64_t *out)
 	v = strtoull(s, &end, 10);
 	if (errno)
 		return -ERANGE;
-	if (*end && *end != 'B' && *end != 'b') {
+	if (*end == 'b')
+		return -EDOM;
+	if (*end && *end != 'B') {
 		u = strchr(units, toupper((unsigned char)*end));
 		if (!u || !*u)
 			return -EINVAL;
@@ -341,7 +357,9 @@ static int ctl_parse_size(const char *s, int64_t *out)
 				mult *= 1000;
 		}
 	}
-	if (*end == 'B' || *end == 'b')
+	if (*end == 'b')
+		return -EDOM;
+	if (*end == 'B')
 		end++;
 	if (*end)
 		return -EINVAL;
@@ -599,6 +617,55 @@ static void ctl_fill(struct ctl *ctl, ProtobufCMessage *req)
 /* ---- the call --------------------------------------------------------- */
 
 /*
+ * One call, quiet: 0 with *code and *details (malloc'd; free it) when a
+ * status arrived, *out set on CSI_OK; a negative errno when no call could
+ * be made. A command with a `waiting` text shows it as progress.
+ */
+static int ctl_call_quiet(struct ctl *ctl, const char *method,
+			  const ProtobufCMessage *req,
+			  const ProtobufCMessageDescriptor *out_desc,
+			  ProtobufCMessage **out, enum csi_code *code,
+			  char **details, int timeout_ms)
+{
+	struct ctl_progress *pg = NULL;
+	int ret;
+
+	*out = NULL;
+	*details = NULL;
+	if (!ctl->client) {
+		ret = csi_client_open(ctl->endpoint, &ctl->client);
+		if (ret < 0)
+			return ret;
+	}
+	if (ctl->cmd->waiting) {
+		char what[256];
+
+		snprintf(what, sizeof(what), "%s%s%s: %s", ctl->cmd->name,
+			 ctl->a.npos ? " " : "", ctl->a.npos ? ctl->a.pos[0] : "",
+			 ctl->cmd->waiting);
+		pg = ctl_progress_start(what);
+	}
+	ret = csi_client_call(ctl->client, method, req, out_desc, out, code,
+			      details, timeout_ms);
+	ctl_progress_stop(pg);
+	return ret;
+}
+
+/* The error of a call that was made, on stderr, with a hint when useful. */
+static void ctl_print_status(struct ctl *ctl, const char *method,
+			     enum csi_code code, const char *details)
+{
+	fprintf(stderr, CTL_PROG ": %s: %s\n", csi_code_name(code),
+		details && *details ? details : "(no message)");
+	if (code == CSI_UNAVAILABLE)
+		fprintf(stderr, CTL_PROG ": is a CSI plugin listening on %s?\n",
+			ctl->endpoint);
+	else if (code == CSI_DEADLINE_EXCEEDED)
+		fprintf(stderr, CTL_PROG ": no reply to %s within %d ms (see --timeout)\n",
+			method, ctl->timeout_ms);
+}
+
+/*
  * One call; prints the error itself. Returns CTL_EXIT_OK with *out set,
  * or the exit code to leave with.
  */
@@ -611,32 +678,19 @@ static int ctl_call(struct ctl *ctl, const char *method,
 	char *details = NULL;
 	int ret;
 
-	*out = NULL;
-	if (!ctl->client) {
-		ret = csi_client_open(ctl->endpoint, &ctl->client);
-		if (ret < 0) {
+	ret = ctl_call_quiet(ctl, method, req, out_desc, out, &code, &details,
+			     ctl->timeout_ms);
+	if (ret < 0) {
+		if (!ctl->client)
 			fprintf(stderr, CTL_PROG ": cannot open %s: %s\n",
 				ctl->endpoint, strerror(-ret));
-			return CTL_EXIT_FAIL;
-		}
-	}
-	ret = csi_client_call(ctl->client, method, req, out_desc, out, &code,
-			      &details, ctl->timeout_ms);
-	if (ret < 0) {
-		fprintf(stderr, CTL_PROG ": %s on %s failed: %s\n", method,
-			ctl->endpoint, strerror(-ret));
+		else
+			fprintf(stderr, CTL_PROG ": %s on %s failed: %s\n",
+				method, ctl->endpoint, strerror(-ret));
 		return CTL_EXIT_FAIL;
 	}
 	if (code != CSI_OK) {
-		fprintf(stderr, CTL_PROG ": %s: %s\n",
-			csi_code_name(code),
-			details && *details ? details : "(no message)");
-		if (code == CSI_UNAVAILABLE)
-			fprintf(stderr, CTL_PROG ": is a CSI plugin listening on %s?\n",
-				ctl->endpoint);
-		else if (code == CSI_DEADLINE_EXCEEDED)
-			fprintf(stderr, CTL_PROG ": no reply to %s within %d ms (see --timeout)\n",
-				method, ctl->timeout_ms);
+		ctl_print_status(ctl, method, code, details);
 		free(details);
 		return CTL_EXIT_FAIL;
 	}
@@ -663,9 +717,11 @@ static void ctl_print_volume(const Csi__V1__Volume *v)
 		return;
 	}
 	printf("volume %s capacity %" PRId64, v->volume_id, v->capacity_bytes);
+	/* "-" for an empty value, which would leave two keys side by side */
 	for (size_t i = 0; i < v->n_volume_context; i++)
 		printf(" %s %s", v->volume_context[i]->key,
-		       v->volume_context[i]->value);
+		       *v->volume_context[i]->value ?
+			       v->volume_context[i]->value : "-");
 	if (v->content_source) {
 		const Csi__V1__VolumeContentSource *cs = v->content_source;
 
@@ -1058,6 +1114,130 @@ static void ctl_text_node_info(struct ctl *ctl, const ProtobufCMessage *reply)
 			       r->accessible_topology->segments[i]->value);
 }
 
+/* "deleted ID", or what DeleteVolume's idempotent OK does not say. */
+static void ctl_text_delete(struct ctl *ctl, const ProtobufCMessage *reply)
+{
+	if (ctl->no_such_volume)
+		printf("volume %s: no such volume, nothing deleted\n",
+		       ctl->a.pos[0]);
+	else
+		printf("deleted %s\n", ctl->a.pos[0]);
+}
+
+/*
+ * DeleteVolume answers OK for a volume that never existed, as the spec
+ * wants it idempotent, so a typo would read "deleted". A person is told:
+ * ValidateVolumeCapabilities is asked first, and its NOT_FOUND means
+ * there was nothing to delete. The delete is sent all the same (the
+ * plugin decides), and the exit code stays the RPC's. --json prints the
+ * reply alone, as for every command.
+ */
+static int ctl_delete_volume(struct ctl *ctl)
+{
+	Csi__V1__ValidateVolumeCapabilitiesRequest req =
+		CSI__V1__VALIDATE_VOLUME_CAPABILITIES_REQUEST__INIT;
+	Csi__V1__VolumeCapability *cap;
+	ProtobufCMessage *out;
+	enum csi_code code;
+	char *details;
+
+	if (!ctl->json) {
+		cap = ctl_capability(ctl);
+		req.volume_id = ctl->a.pos[0];
+		req.n_volume_capabilities = 1;
+		req.volume_capabilities = &cap;
+		if (ctl_call_quiet(ctl, "/csi.v1.Controller/ValidateVolumeCapabilities",
+				   &req.base,
+				   &csi__v1__validate_volume_capabilities_response__descriptor,
+				   &out, &code, &details, ctl->timeout_ms) == 0)
+			ctl->no_such_volume = code == CSI_NOT_FOUND;
+		if (out)
+			protobuf_c_message_free_unpacked(out, NULL);
+		free(details);
+	}
+	return ctl_run(ctl);
+}
+
+/*
+ * probe --wait[=SECONDS]: asks again every CTL_PROBE_INTERVAL_MS until
+ * the plugin says ready, so that scripts and readiness checks need no
+ * loop of their own. On a terminal the line shows the last answer.
+ */
+static int ctl_probe(struct ctl *ctl)
+{
+	Csi__V1__ProbeRequest req = CSI__V1__PROBE_REQUEST__INIT;
+	struct ctl_progress *pg;
+	struct timespec start, now;
+	char last[512] = "no answer yet", line[600];
+
+	if (ctl->a.wait_ms < 0)
+		return ctl_run(ctl);
+	clock_gettime(CLOCK_MONOTONIC, &start);
+	snprintf(line, sizeof(line), "probe: waiting for the plugin at %s",
+		 ctl->endpoint);
+	pg = ctl_progress_start(line);
+	for (;;) {
+		ProtobufCMessage *out;
+		enum csi_code code;
+		char *details;
+		long left;
+		int err;
+
+		clock_gettime(CLOCK_MONOTONIC, &now);
+		left = ctl->a.wait_ms - ((now.tv_sec - start.tv_sec) * 1000 +
+					 (now.tv_nsec - start.tv_nsec) / 1000000);
+		if (left <= 0)
+			break;
+		err = ctl_call_quiet(ctl, ctl->cmd->method, &req.base,
+				     ctl->cmd->reply, &out, &code, &details,
+				     left < ctl->timeout_ms ? (int)left :
+							      ctl->timeout_ms);
+		if (err < 0)
+			snprintf(last, sizeof(last), "%s", strerror(-err));
+		else if (code != CSI_OK)
+			snprintf(last, sizeof(last), "%s: %s", csi_code_name(code),
+				 details && *details ? details : "(no message)");
+		else if (!ctl_probe_ready(out))
+			snprintf(last, sizeof(last), "not ready");
+		free(details);
+		if (err == 0 && code == CSI_OK && ctl_probe_ready(out)) {
+			ctl_progress_stop(pg);
+			if (ctl->json)
+				ctl_print_reply_json(out);
+			else
+				ctl_text_probe(ctl, out);
+			protobuf_c_message_free_unpacked(out, NULL);
+			return CTL_EXIT_OK;
+		}
+		if (out)
+			protobuf_c_message_free_unpacked(out, NULL);
+		snprintf(line, sizeof(line), "probe: waiting for the plugin at %s: %s",
+			 ctl->endpoint, last);
+		ctl_progress_set(pg, line);
+		nanosleep(&(struct timespec){ 0, CTL_PROBE_INTERVAL_MS * 1000000L },
+			  NULL);
+	}
+	ctl_progress_stop(pg);
+	fprintf(stderr, CTL_PROG ": probe: the plugin at %s was not ready within %.1f s: %s\n",
+		ctl->endpoint, ctl->a.wait_ms / 1000.0, last);
+	return CTL_EXIT_FAIL;
+}
+
+static void ctl_text_volume_list(struct ctl *ctl, const ProtobufCMessage *reply)
+{
+	ctl_print_volume_states((const Strata__V1__ListVolumeStatesResponse *)reply);
+}
+
+static void ctl_text_volume_inspect(struct ctl *ctl,
+				    const ProtobufCMessage *reply)
+{
+	const Strata__V1__InspectVolumeResponse *r =
+		(const Strata__V1__InspectVolumeResponse *)reply;
+
+	if (r->volume)
+		ctl_print_volume_state(r->volume);
+}
+
 /* ---- the command table ------------------------------------------------ */
 
 #define CTL_HELP_CAP                                                           \
@@ -1087,6 +1267,7 @@ static const int ctl_opts_create[] = {
 	CTL_OPT_ACCESS_MODE, CTL_OPT_BLOCK, CTL_OPT_SECRET, CTL_OPT_END,
 };
 static const int ctl_opts_delete[] = { CTL_OPT_SECRET, CTL_OPT_END };
+static const int ctl_opts_probe[] = { CTL_OPT_WAIT, CTL_OPT_END };
 static const int ctl_opts_validate[] = {
 	CTL_OPT_ACCESS_MODE, CTL_OPT_BLOCK, CTL_OPT_CONTEXT, CTL_OPT_PARAM,
 	CTL_OPT_SECRET, CTL_OPT_END,
@@ -1138,10 +1319,15 @@ static const struct ctl_cmd ctl_cmds[] = {
 		  get_plugin_capabilities, ctl_text_plugin_caps,
 		  "the plugin's capabilities, one per line (GetPluginCapabilities)"),
 	{
-		.name = "probe", .synopsis = "",
+		.name = "probe", .synopsis = "[--wait[=SECONDS]]",
 		.summary = "whether the plugin is ready (Probe); exits 1 when not",
+		.options =
+			"  --wait[=SECONDS]    ask again until it is ready, for at most SECONDS\n"
+			"                      (default 60); exits 1 if it never was\n",
+		.opts = ctl_opts_probe,
 		CTL_RPC(Identity, Probe, probe),
 		.text = ctl_text_probe, .verdict = ctl_verdict_probe,
+		.run = ctl_probe,
 	},
 	{
 		.name = "create-volume",
@@ -1164,7 +1350,7 @@ static const struct ctl_cmd ctl_cmds[] = {
 		.summary = "delete a volume (DeleteVolume)",
 		.options = CTL_HELP_SECRET, .opts = ctl_opts_delete, CTL_ID,
 		CTL_RPC(Controller, DeleteVolume, delete_volume),
-		CTL_DONE("deleted", NULL, 0),
+		.text = ctl_text_delete, .run = ctl_delete_volume,
 	},
 	{
 		.name = "validate", .synopsis = "ID [--access-mode MODE] [--block]",
@@ -1211,6 +1397,7 @@ static const struct ctl_cmd ctl_cmds[] = {
 		.cap = CTL_CAP_ALWAYS,
 		CTL_RPC(Node, NodeStageVolume, node_stage_volume),
 		CTL_DONE("staged", "at", CTL_OPT_STAGING_PATH),
+		.waiting = "waiting for its daemon to serve the mount",
 	},
 	{
 		.name = "unstage", .synopsis = "ID --staging-path P",
@@ -1219,6 +1406,7 @@ static const struct ctl_cmd ctl_cmds[] = {
 		.opts = ctl_opts_unstage, .need = ctl_need_staging, CTL_ID,
 		CTL_RPC(Node, NodeUnstageVolume, node_unstage_volume),
 		CTL_DONE("unstaged", "from", CTL_OPT_STAGING_PATH),
+		.waiting = "waiting for its daemon to stop",
 	},
 	{
 		.name = "publish",
@@ -1232,6 +1420,7 @@ static const struct ctl_cmd ctl_cmds[] = {
 		.cap = CTL_CAP_ALWAYS,
 		CTL_RPC(Node, NodePublishVolume, node_publish_volume),
 		CTL_DONE("published", "at", CTL_OPT_TARGET),
+		.waiting = "waiting for the plugin",
 	},
 	{
 		.name = "unpublish", .synopsis = "ID --target T",
@@ -1261,6 +1450,19 @@ static const struct ctl_cmd ctl_cmds[] = {
 		.summary = "restart a staged volume's stratafs worker from the binary on disk, with no unmount (strata.v1.Admin/ReplaceWorker)",
 		CTL_ID, CTL_ADMIN_RPC(ReplaceWorker, replace_worker),
 		.text = ctl_text_replace_worker,
+		.waiting = "waiting for the new worker",
+	},
+	{
+		.name = "volume list", .synopsis = "",
+		.summary = "every volume: state, daemon, uptime, restarts, usage, layers, condition (strata.v1.Admin/ListVolumeStates)",
+		CTL_ADMIN_RPC(ListVolumeStates, list_volume_states),
+		.text = ctl_text_volume_list,
+	},
+	{
+		.name = "volume inspect", .synopsis = "ID",
+		.summary = "one volume: the above, its staging path and targets (strata.v1.Admin/InspectVolume)",
+		CTL_ID, CTL_ADMIN_RPC(InspectVolume, inspect_volume),
+		.text = ctl_text_volume_inspect,
 	},
 };
 #define CTL_NCMDS (sizeof(ctl_cmds) / sizeof(*ctl_cmds))
@@ -1307,6 +1509,18 @@ static void ctl_cmd_help(const struct ctl_cmd *cmd)
 	       cmd->summary);
 	if (cmd->options)
 		printf("\nOptions:\n%s", cmd->options);
+	printf("\n--endpoint, --json and --timeout are taken here too; see '" CTL_PROG " --help'.\n");
+}
+
+/* `stratactl volume --help`: the commands that start with "volume ". */
+static void ctl_volume_help(void)
+{
+	printf("usage: " CTL_PROG " [--endpoint EP] [--json] [--timeout SECONDS] volume SUBCOMMAND\n\n");
+	for (size_t i = 0; i < CTL_NCMDS; i++)
+		if (!strncmp(ctl_cmds[i].name, "volume ", 7))
+			printf("  %s%s%s\n      %s.\n", ctl_cmds[i].name,
+			       *ctl_cmds[i].synopsis ? " " : "",
+			       ctl_cmds[i].synopsis, ctl_cmds[i].summary);
 	printf("\n--endpoint, --json and --timeout are taken here too; see '" CTL_PROG " --help'.\n");
 }
 
@@ -1361,6 +1575,9 @@ static int ctl_set_opt(struct ctl *ctl, int id, const char *name,
 	case CTL_OPT_LIMIT:
 		ret = ctl_parse_size(arg, id == CTL_OPT_CAPACITY ? &a->capacity :
 								&a->limit);
+		if (ret == -EDOM)
+			return ctl_usage_error(ctl, "--%s '%s': a lower-case b would be bits; write 1Gi for 2^30 bytes (what Kubernetes' 1Gi means) or 1G for 10^9",
+					       name, arg);
 		if (ret < 0)
 			return ctl_usage_error(ctl, "--%s takes a size like 1073741824, 1Gi, 512M: '%s'%s",
 					       name, arg,
@@ -1390,6 +1607,20 @@ static int ctl_set_opt(struct ctl *ctl, int id, const char *name,
 	case CTL_OPT_MOUNT_FLAG:
 		ctl_strv_add(ctl, &a->mount_flags, arg);
 		break;
+	case CTL_OPT_WAIT: {
+		double s = CTL_PROBE_WAIT_S;
+
+		if (arg) {
+			errno = 0;
+			s = strtod(arg, &end);
+			if (errno || end == arg || *end || !isfinite(s) ||
+			    s <= 0 || s > CTL_MAX_TIMEOUT_S)
+				return ctl_usage_error(ctl, "--wait takes seconds, above 0 and at most %.0f (--wait=30): '%s'",
+						       CTL_MAX_TIMEOUT_S, arg);
+		}
+		a->wait_ms = (int)(s * 1000);
+		break;
+	}
 	default:
 		return ctl_usage_error(ctl, "option --%s is not taken here", name);
 	}
@@ -1503,7 +1734,7 @@ int main(int argc, char **argv)
 {
 	struct ctl ctl = {
 		.timeout_ms = CTL_DEFAULT_TIMEOUT_MS,
-		.a = { .capacity = -1, .limit = -1 },
+		.a = { .capacity = -1, .limit = -1, .wait_ms = -1 },
 	};
 	const char *name;
 	char *target = NULL;
@@ -1523,12 +1754,38 @@ int main(int argc, char **argv)
 
 		if (cmd)
 			ctl_cmd_help(cmd);
+		else if (optind + 1 < argc && !strcmp(argv[optind + 1], "volume"))
+			ctl_volume_help();
 		else
 			ctl_help(stdout);
 		ret = -1;
 		goto out;
 	}
-	ctl.cmd = ctl_cmd_find(name);
+	/* "volume list", "volume inspect ID": a command of two words */
+	if (strcmp(name, "volume") == 0) {
+		char two[64];
+
+		if (optind + 1 < argc && (!strcmp(argv[optind + 1], "--help") ||
+					  !strcmp(argv[optind + 1], "-h"))) {
+			ctl_volume_help();
+			ret = -1;
+			goto out;
+		}
+		if (optind + 1 >= argc || argv[optind + 1][0] == '-') {
+			ret = ctl_usage_error(&ctl, "volume takes a subcommand: volume list, volume inspect ID");
+			goto out;
+		}
+		snprintf(two, sizeof(two), "volume %s", argv[optind + 1]);
+		ctl.cmd = ctl_cmd_find(two);
+		if (!ctl.cmd) {
+			ret = ctl_usage_error(&ctl, "unknown command 'volume %s' (volume list, volume inspect ID)",
+					      argv[optind + 1]);
+			goto out;
+		}
+		optind++;
+	} else {
+		ctl.cmd = ctl_cmd_find(name);
+	}
 	if (!ctl.cmd) {
 		ret = ctl_usage_error(&ctl, "unknown command '%s'", name);
 		goto out;

@@ -84,7 +84,7 @@ def test_replace_worker_refusals(env):
     unstaged = k.create("unstaged")
     cases = [
         ("sv-" + "0" * 32, "NOT_FOUND", "no such volume"),
-        ("../etc", "NOT_FOUND", "no volume"),
+        ("../etc", "NOT_FOUND", "no such volume"),
         (unstaged, "FAILED_PRECONDITION", "not staged on this node"),
     ]
     for vid, code, words in cases:

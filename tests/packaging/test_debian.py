@@ -144,6 +144,7 @@ def test_contents(package):
         assert files.get(f"usr/bin/{prog}", "").startswith("-rwxr-xr-x"), prog
     for path in MAN_PAGES + UNITS + ["etc/default/strata-csi",
                                      "usr/share/doc/strata/examples/stratafs-example.conf",
+                                     "usr/share/bash-completion/completions/stratactl",
                                      "usr/share/doc/strata/copyright"]:
         assert path in files, f"{path} is not in the package"
     assert "etc/strata/" in files

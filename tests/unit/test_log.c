@@ -1,5 +1,7 @@
 /* log.c: the line format every program's messages share. */
 #include <stdarg.h>
+#include <stdio.h>
+#include <unistd.h>
 
 #include "strata.h"
 #include "unit.h"
@@ -13,6 +15,42 @@ static int fmt(char *buf, size_t size, int level, const char *f, ...)
 	n = strata_log_format(buf, size, level, f, ap);
 	va_end(ap);
 	return n;
+}
+
+/* What strata_log_kv writes to stderr, caught in a temporary file. */
+static void kv_line(char *buf, size_t size, const char *const *kv,
+		    unsigned numbers)
+{
+	FILE *tmp = tmpfile();
+	int saved = dup(STDERR_FILENO);
+	size_t n;
+
+	fflush(stderr);
+	dup2(fileno(tmp), STDERR_FILENO);
+	strata_log_kv(STRATA_LOG_ERR, "rpc", kv, numbers);
+	fflush(stderr);
+	dup2(saved, STDERR_FILENO);
+	close(saved);
+	rewind(tmp);
+	n = fread(buf, 1, size - 1, tmp);
+	buf[n] = '\0';
+	fclose(tmp);
+}
+
+/* duration_ms is a JSON number; the text line is as before */
+static void check_kv_numbers(void)
+{
+	const char *kv[] = { "code", "OK", "duration_ms", "1.25", NULL };
+	char line[512];
+
+	strata_log_json(true);
+	kv_line(line, sizeof(line), kv, 1u << 1);
+	CHECK(strstr(line, ",\"code\":\"OK\",\"duration_ms\":1.25}\n") != NULL);
+	kv_line(line, sizeof(line), kv, 0);
+	CHECK(strstr(line, "\"duration_ms\":\"1.25\"}") != NULL);
+	strata_log_json(false);
+	kv_line(line, sizeof(line), kv, 1u << 1);
+	CHECK_EQ_STR(line, "prog: error: rpc code=OK duration_ms=1.25\n");
 }
 
 int main(void)
@@ -31,5 +69,6 @@ int main(void)
 	/* truncation keeps the buffer terminated */
 	fmt(buf, 12, STRATA_LOG_INFO, "a long message");
 	CHECK_EQ_INT(strlen(buf), 11);
+	check_kv_numbers();
 	return unit_done("test_log");
 }
