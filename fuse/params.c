@@ -36,6 +36,13 @@ static const struct fuse_opt sfs_opt_spec[] = {
 	SFS_OPT("passthrough", passthrough),
 	SFS_OPT("noallow_other", noallow_other),
 	SFS_OPT("nosupervisor", nosupervisor),
+	/*
+	 * libfuse takes max_read= for the kernel's mount, then refuses an
+	 * INIT whose init() did not ask for the same size: seen here, and
+	 * passed on.
+	 */
+	{ "max_read=%u", offsetof(struct sfs_params, max_read), 0 },
+	FUSE_OPT_KEY("max_read=", FUSE_OPT_KEY_KEEP),
 	FUSE_OPT_KEY("-h", KEY_HELP),
 	FUSE_OPT_KEY("--help", KEY_HELP),
 	FUSE_OPT_KEY("-V", KEY_VERSION),

@@ -61,6 +61,7 @@ struct sfs_params {
 	int passthrough;	/* asked for; sfs_fs.passthrough: in effect */
 	int noallow_other;	/* root mounts: keep other users out */
 	int nosupervisor;	/* serve in the process started (supervisor.c) */
+	unsigned max_read;	/* libfuse's max_read=, which INIT must echo */
 	int foreground;
 	int debug;
 	int show_help;

@@ -605,6 +605,7 @@ static void sfs_op_init(void *userdata, struct fuse_conn_info *conn)
 	/* The largest requests libfuse 3.14 can take: fewer round trips. */
 	conn->max_write = 1 << 20;
 	conn->max_readahead = 1 << 20;
+	conn->max_read = sfs->params.max_read;
 	/*
 	 * No write-back cache: with it the kernel acknowledges writes from
 	 * its page cache, so ENOSPC surfaces at fsync or close instead of at

@@ -169,3 +169,20 @@ def run_unprivileged(base, opts):
     log = open(err).read()
     assert ("passthrough refused (Operation not permitted, it needs CAP_SYS_ADMIN)"
             in log) == bool(opts), log
+
+
+def test_max_read_is_taken(stratafs_only):
+    """libfuse passes max_read= to the kernel and then refuses an INIT
+    that does not ask for the same size: every worker died of it, and
+    the supervisor gave up."""
+    data = os.urandom(1 << 20)
+    u = stratafs_only.make([{}], extra_opts=["max_read=65536"])
+    with open(u.path("big"), "wb") as f:
+        f.write(data)
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3")
+    with open(u.path("big"), "rb") as f:
+        assert f.read() == data
+    assert "max_read=65536" in open("/proc/mounts").read()
+    assert "worker exited" not in u.stderr(), u.stderr()
