@@ -135,27 +135,13 @@ static void csi_admin_replace_worker(struct csi_plugin *p,
 	ssize_t len;
 	int ret;
 
-	if (!req->volume_id[0]) {
-		csi_reply_set(r, CSI_INVALID_ARGUMENT, "volume_id is required");
+	if (csi_reply_id_check(r, req->volume_id))
 		return;
-	}
-	csi_reply_volume(r, req->volume_id);
-	if (!csi_volume_id_valid(req->volume_id)) {
-		csi_reply_set(r, CSI_NOT_FOUND, "volume %.64s: no such volume",
-			      req->volume_id);
+	if (csi_busy_claim(&p->store, req->volume_id, r))
 		return;
-	}
-	if (csi_busy_enter(&p->store, req->volume_id)) {
-		csi_reply_set(r, CSI_ABORTED,
-			      "another operation on volume %s is in progress",
-			      req->volume_id);
-		return;
-	}
 	ret = csi_volume_load(&p->store, req->volume_id, &v);
 	if (ret) {
-		csi_reply_set(r, ret == -ENOENT ? CSI_NOT_FOUND : CSI_INTERNAL,
-			      "volume %s: %s", req->volume_id,
-			      ret == -ENOENT ? "no such volume" : strerror(-ret));
+		csi_reply_load(r, req->volume_id, ret);
 		goto out;
 	}
 	ret = csi_state_load(&p->store, req->volume_id, &n);

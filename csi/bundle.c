@@ -253,7 +253,7 @@ static int csi_copy_file(const char *src, int dirfd, const char *name)
 /* Temp directories of a plugin that died while copying. */
 static void csi_bundle_clean(int dirfd)
 {
-	DIR *d = csi_opendir_at(dirfd, ".");
+	DIR *d = strata_opendir_at(dirfd, ".");
 	struct dirent *e;
 
 	if (!d)
@@ -376,7 +376,7 @@ static void csi_bundle_sweep(int dirfd, const char *final)
 	if (n < 0)
 		return;
 	dir[n] = '\0';
-	d = csi_opendir_at(dirfd, ".");
+	d = strata_opendir_at(dirfd, ".");
 	if (!d)
 		return;
 	while ((e = readdir(d)))

@@ -125,7 +125,7 @@ static int csi_cgroup_scan(struct csi_host *h, int dirfd, const char *dir,
 	struct stat st;
 	DIR *d;
 
-	d = csi_opendir_at(dirfd, ".");
+	d = strata_opendir_at(dirfd, ".");
 	if (!d) {
 		ret = -errno;
 		snprintf(why, size, "%s: %s", dir, strerror(-ret));
@@ -314,7 +314,7 @@ void csi_cgroup_sweep(struct csi_plugin *p)
 	struct csi_host *h = &p->host;
 
 	for (int i = 0; i < h->ncgroups; i++) {
-		DIR *d = csi_opendir_at(h->cgroup_fds[i], ".");
+		DIR *d = strata_opendir_at(h->cgroup_fds[i], ".");
 		struct dirent *e;
 
 		if (!d)

@@ -337,12 +337,8 @@ static void csi_delete_volume(struct csi_plugin *p, const ProtobufCMessage *msg,
 		csi_reply_ok(r, &out);
 		return;
 	}
-	if (csi_busy_enter(&p->store, req->volume_id)) {
-		csi_reply_set(r, CSI_ABORTED,
-			      "another operation on volume %s is in progress",
-			      req->volume_id);
+	if (csi_busy_claim(&p->store, req->volume_id, r))
 		return;
-	}
 	ret = csi_state_load(&p->store, req->volume_id, &n);
 	if (ret == 0) {
 		csi_reply_set(r, CSI_FAILED_PRECONDITION,
@@ -408,9 +404,7 @@ static void csi_validate_caps(struct csi_plugin *p, const ProtobufCMessage *msg,
 	}
 	ret = csi_volume_load(&p->store, req->volume_id, &v);
 	if (ret) {
-		csi_reply_set(r, ret == -ENOENT ? CSI_NOT_FOUND : CSI_INTERNAL,
-			      "volume %.64s: %s", req->volume_id,
-			      ret == -ENOENT ? "no such volume" : strerror(-ret));
+		csi_reply_load(r, req->volume_id, ret);
 		return;
 	}
 	csi_volume_free(&v);

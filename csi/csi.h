@@ -295,6 +295,8 @@ void csi_reply_caps(struct csi_reply *r,
 		    const ProtobufCMessageDescriptor *rpc_desc,
 		    const int *types, size_t n);
 void csi_reply_volume(struct csi_reply *r, const char *volume_id);
+void csi_reply_load(struct csi_reply *r, const char *id, int err);
+int csi_reply_id_check(struct csi_reply *r, const char *id);
 
 /* validate.c */
 bool csi_volume_id_valid(const char *id);
@@ -330,6 +332,7 @@ void csi_kill_point(const char *name);
 int csi_busy_enter(struct csi_store *s, const char *id);
 void csi_busy_leave(struct csi_store *s, const char *id);
 void csi_busy_clear(struct csi_store *s);
+int csi_busy_claim(struct csi_store *s, const char *id, struct csi_reply *r);
 
 /* record.c: JSON files written atomically */
 int csi_record_write(int dirfd, const char *name, json_object *obj);
@@ -415,7 +418,6 @@ unsigned long long csi_daemon_starttime(pid_t pid);
 int csi_host_init(struct csi_plugin *p);
 int csi_child_run(int (*fn)(void *arg, int wfd), void *arg, void *out,
 		  size_t size, size_t *len);
-DIR *csi_opendir_at(int dirfd, const char *name);
 void csi_host_free(struct csi_host *h);
 int csi_bundle_prepare(struct csi_plugin *p, char *why, size_t size);
 int csi_cgroup_init(struct csi_plugin *p, char *why, size_t size);

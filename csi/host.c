@@ -75,21 +75,6 @@ int csi_child_run(int (*fn)(void *arg, int wfd), void *arg, void *out,
 	return !WIFEXITED(status) ? -EIO : -WEXITSTATUS(status);
 }
 
-/* A directory below dirfd as a stream to read, or NULL with errno set. */
-DIR *csi_opendir_at(int dirfd, const char *name)
-{
-	int fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW |
-				     O_CLOEXEC);
-	DIR *d = fd < 0 ? NULL : fdopendir(fd);
-	int err = errno;
-
-	if (!d && fd >= 0) {
-		close(fd);
-		errno = err;
-	}
-	return d;
-}
-
 struct csi_host_stat {
 	int nsfd;
 	const char *path;

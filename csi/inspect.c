@@ -193,16 +193,8 @@ void csi_admin_inspect_volume(struct csi_plugin *p,
 	char why[512];
 	int ret;
 
-	if (!req->volume_id[0]) {
-		csi_reply_set(r, CSI_INVALID_ARGUMENT, "volume_id is required");
+	if (csi_reply_id_check(r, req->volume_id))
 		return;
-	}
-	csi_reply_volume(r, req->volume_id);
-	if (!csi_volume_id_valid(req->volume_id)) {
-		csi_reply_set(r, CSI_NOT_FOUND, "volume %.64s: no such volume",
-			      req->volume_id);
-		return;
-	}
 	if (!out) {
 		csi_reply_errno(r, -ENOMEM, "InspectVolume");
 		return;

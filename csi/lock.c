@@ -65,3 +65,13 @@ void csi_busy_clear(struct csi_store *s)
 	}
 	pthread_mutex_unlock(&s->busy_lock);
 }
+
+/* csi_busy_enter, or ABORTED answered: kubelet retries such calls. */
+int csi_busy_claim(struct csi_store *s, const char *id, struct csi_reply *r)
+{
+	if (csi_busy_enter(s, id) == 0)
+		return 0;
+	csi_reply_set(r, CSI_ABORTED,
+		      "another operation on volume %s is in progress", id);
+	return -EBUSY;
+}

@@ -117,12 +117,8 @@ static int csi_node_lock(struct csi_plugin *p, struct csi_reply *r,
 			      nr->id);
 		return -ENOENT;
 	}
-	if (csi_busy_enter(&p->store, nr->id)) {
-		csi_reply_set(r, CSI_ABORTED,
-			      "another operation on volume %s is in progress",
-			      nr->id);
+	if (csi_busy_claim(&p->store, nr->id, r))
 		return -EBUSY;
-	}
 	nr->busy = true;
 	return 0;
 }
@@ -157,9 +153,7 @@ static int csi_node_volume(struct csi_plugin *p, struct csi_reply *r,
 		ret = -ENOENT;
 	}
 	if (ret)
-		csi_reply_set(r, ret == -ENOENT ? CSI_NOT_FOUND : CSI_INTERNAL,
-			      "volume %s: %s", nr->id,
-			      ret == -ENOENT ? "no such volume" : strerror(-ret));
+		csi_reply_load(r, nr->id, ret);
 	return ret;
 }
 

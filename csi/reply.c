@@ -206,3 +206,30 @@ void csi_reply_caps(struct csi_reply *r,
 	else
 		csi_reply_ok(r, out);
 }
+
+/* A volume record that would not load (csi_volume_load's ERR), answered. */
+void csi_reply_load(struct csi_reply *r, const char *id, int err)
+{
+	csi_reply_set(r, err == -ENOENT ? CSI_NOT_FOUND : CSI_INTERNAL,
+		      "volume %.64s: %s", id,
+		      err == -ENOENT ? "no such volume" : strerror(-err));
+}
+
+/*
+ * A request's volume_id: required (INVALID_ARGUMENT), and one the store
+ * could hold (NOT_FOUND otherwise: never a path). 0 when it may be used.
+ */
+int csi_reply_id_check(struct csi_reply *r, const char *id)
+{
+	if (!id[0]) {
+		csi_reply_set(r, CSI_INVALID_ARGUMENT, "volume_id is required");
+		return -EINVAL;
+	}
+	csi_reply_volume(r, id);
+	if (!csi_volume_id_valid(id)) {
+		csi_reply_set(r, CSI_NOT_FOUND, "volume %.64s: no such volume",
+			      id);
+		return -ENOENT;
+	}
+	return 0;
+}

@@ -296,7 +296,7 @@ int csi_volume_load(struct csi_store *s, const char *id, struct csi_volume *v)
 /* The volume ids named in a directory, as "<id><suffix>". */
 int csi_store_scan(int dirfd, const char *suffix, char ***ids, int *count)
 {
-	int fd = dup(dirfd), n = 0, cap = 0, ret = 0;
+	int n = 0, cap = 0, ret = 0;
 	size_t slen = strlen(suffix);
 	struct dirent *de;
 	char **v = NULL;
@@ -304,14 +304,9 @@ int csi_store_scan(int dirfd, const char *suffix, char ***ids, int *count)
 
 	*ids = NULL;
 	*count = 0;
-	if (fd < 0)
+	d = strata_opendir_at(dirfd, ".");
+	if (!d)
 		return -errno;
-	d = fdopendir(fd);
-	if (!d) {
-		close(fd);
-		return -errno;
-	}
-	rewinddir(d);
 	while ((de = readdir(d))) {
 		size_t len = strlen(de->d_name);
 

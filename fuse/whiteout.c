@@ -235,18 +235,13 @@ int sfs_tmp_clear(void)
 {
 	struct dirent *de;
 	DIR *d;
-	int fd, ret = 0;
+	int ret = 0;
 
 	if (sfs->tmpfd < 0)
 		return 0;
-	fd = openat(sfs->tmpfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (fd < 0)
+	d = strata_opendir_at(sfs->tmpfd, ".");
+	if (!d)
 		return -errno;
-	d = fdopendir(fd);
-	if (!d) {
-		close(fd);
-		return -errno;
-	}
 	while (ret == 0 && (de = readdir(d)))
 		if (strcmp(de->d_name, ".") && strcmp(de->d_name, ".."))
 			ret = strata_rmtree_at(sfs->tmpfd, de->d_name);

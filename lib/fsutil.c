@@ -88,3 +88,18 @@ void strata_unlock_file(int dirfd, const char *name, int fd)
 	unlinkat(dirfd, name, 0);
 	close(fd);
 }
+
+/* A directory below dirfd, never through a symlink, as a stream. */
+DIR *strata_opendir_at(int dirfd, const char *name)
+{
+	int fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW |
+				     O_CLOEXEC);
+	DIR *d = fd < 0 ? NULL : fdopendir(fd);
+	int err = errno;
+
+	if (!d && fd >= 0) {
+		close(fd);
+		errno = err;
+	}
+	return d;
+}

@@ -2,6 +2,7 @@
 #ifndef STRATA_H
 #define STRATA_H
 
+#include <dirent.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -70,6 +71,7 @@ extern const char *const strata_stat_names[STRATA_ST_COUNT];
 
 /* fsutil.c */
 int strata_rmtree_at(int parent, const char *name);
+DIR *strata_opendir_at(int dirfd, const char *name);
 int strata_lock_file(int dirfd, const char *name);
 void strata_unlock_file(int dirfd, const char *name, int fd);
 

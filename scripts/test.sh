@@ -107,40 +107,38 @@ run_race_pair() {
 	done
 }
 
-# Runs the CSI plugin suite against one build directory's programs.
-run_csi() {
-	local name=$1 dir=$2
-	shift 2
-	echo "== csi ($name)"
-	(cd tests/csi &&
+# Runs one pytest suite of tests/ (SUITE) against one build directory's
+# three programs, its report named NAME.
+run_programs() {
+	local suite=$1 name=$2 dir=$3
+	shift 3
+	(cd "tests/$suite" &&
 		STRATA_CSI="$dir/strata-csi" STRATACTL="$dir/stratactl" \
 		STRATAFS="$dir/stratafs" /usr/bin/python3 -m pytest -q \
 			--junitxml="$results/$name.xml" ${PYTEST_ARGS:-} "$@")
 	count_junit "$results/$name.xml"
 }
 
-# Runs every example of README.md and docs/ as written, on a scratch root
-# (tests/docs/README.md), against one build directory's programs.
-run_docs() {
-	local dir=$1
-	echo "== docs (every example, as written)"
-	(cd tests/docs &&
-		STRATA_CSI="$dir/strata-csi" STRATACTL="$dir/stratactl" \
-		STRATAFS="$dir/stratafs" /usr/bin/python3 -m pytest -q \
-			--junitxml="$results/docs.xml" ${PYTEST_ARGS:-})
-	count_junit "$results/docs.xml"
+# The CSI plugin suite over a real socket.
+run_csi() {
+	local name=$1 dir=$2
+	shift 2
+	echo "== csi ($name)"
+	run_programs csi "$name" "$dir" "$@"
 }
 
-# Runs the packaging suite (manifests, image build script, the .deb,
-# man pages, units) against one build directory's programs.
+# Every example of README.md and docs/ as written, on a scratch root
+# (tests/docs/README.md).
+run_docs() {
+	echo "== docs (every example, as written)"
+	run_programs docs docs "$1"
+}
+
+# The packaging suite: manifests, image build script, the .deb, man
+# pages, units.
 run_packaging() {
-	local dir=$1
 	echo "== packaging"
-	(cd tests/packaging &&
-		STRATA_CSI="$dir/strata-csi" STRATACTL="$dir/stratactl" \
-		STRATAFS="$dir/stratafs" /usr/bin/python3 -m pytest -q \
-			--junitxml="$results/packaging.xml" ${PYTEST_ARGS:-})
-	count_junit "$results/packaging.xml"
+	run_programs packaging packaging "$1"
 }
 
 # The fuzz targets, in their clang build: each fuzzed for FUZZ_SECONDS,
