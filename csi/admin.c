@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * The Admin service (csi/admin.proto): what an operator asks of the node
  * plugin that CSI has no call for. ReplaceWorker upgrades a staged

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * The daemon binary on the host (--daemon-binary-dir DIR). A daemon that
  * executes the stratafs of the plugin's container image, or maps its

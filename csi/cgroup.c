@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * The daemons' cgroups (--daemon-cgroup DIR). A container runtime ends a
  * container by killing every process in the container's cgroup, so a

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * The CSI client: unary calls over the gRPC C core to a plugin's unix
  * socket, for stratactl and the tests.

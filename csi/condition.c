@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * Abnormal conditions of staged volumes that no heal can mend, found by
  * the periodic check and logged once each (and once more when they end):

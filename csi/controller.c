@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * The Controller service over the directory store: volumes are created
  * and deleted on this node, so "controller" here means bookkeeping in

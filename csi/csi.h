@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * strata-csi internals: the CSI plugin's modules and what they share.
  *

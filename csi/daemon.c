@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * The stratafs daemons: one per staged volume, started in a session of
  * its own so that it outlives the plugin (a plugin upgrade must not take

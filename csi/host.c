@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * Where the daemons run. In Kubernetes the plugin runs in a container,
  * and whatever it starts shares the container's fate: its mount

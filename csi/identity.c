@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* The Identity service: who the plugin is, what it offers, whether it is ready. */
 #include <errno.h>
 #include <stdio.h>

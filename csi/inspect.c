@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * The Admin service's view of volumes (ListVolumeStates, InspectVolume):
  * for each volume of the store, what this node does with it. Everything

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * Named kill points: the places between two steps of an RPC where a
  * crash of the plugin leaves the most to recover from. A test arms one

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * One operation at a time per volume. The spec asks a second concurrent
  * call on the same volume to fail with ABORTED rather than wait, so this

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * Prometheus metrics on --metrics-address, served by libmicrohttpd.
  * Counters are plain atomics bumped on the RPC path; everything else

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * Mounts on the node, through the new mount API only: a FUSE mount is
  * made detached (fsopen, fsmount) and attached with move_mount onto a

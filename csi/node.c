@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * The Node service: staging starts a stratafs daemon on a new FUSE mount
  * and attaches it at the staging path; publishing attaches a bind clone

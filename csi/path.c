@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * Paths from the Node service's callers: kubelet's staging and target
  * paths, and anything else that reaches the socket. A path is a claim,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * Keeping staged volumes alive across crashes. Kubelet never sends
  * NodeStageVolume again after a plugin restart, so the plugin itself

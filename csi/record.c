@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * Records are small JSON files, written so that a crash leaves either the
  * old or the new one and never half of either: a temp file beside the

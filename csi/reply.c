@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * Handler answers: a status code, one plain sentence, and on OK the reply
  * message. This is where a negative errno becomes a status code; server.c

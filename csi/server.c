@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * The gRPC server, on the gRPC C core. One table maps a method path to
  * its handler; calls arrive through generic dispatch

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * Node state: node/<id>.json says where a volume is staged, which daemon
  * serves it, and where it is published. It is what lets a restarted plugin

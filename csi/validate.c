@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * Request checks shared by the services. Everything a caller sends is
  * checked here before it can name a path: volume ids, layer names, the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * stratactl's JSON: a reply printed as one object, from the descriptors.
  *

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * Progress of a call that takes a while (a stage waiting for its daemon,
  * probe --wait), shown to a person and to nobody else: one line on

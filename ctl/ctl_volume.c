@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * The readable output of `stratactl volume list` and `volume inspect`
  * (strata.v1.Admin ListVolumeStates and InspectVolume): a table with one

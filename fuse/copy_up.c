@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * Copy-up: a lower entry gets an upper copy before anything changes it.
  * The copy is built complete in the workdir and renamed into place, so

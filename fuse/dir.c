@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * Changes to directories: create, mkdir, mknod, symlink, link, unlink,
  * rmdir and rename. Each leaves the upper layer in the kernel's format:

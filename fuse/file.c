@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * Open files. A write open copies the file up first; a read-only open
  * never does. A read-only handle opened on the lower file follows a

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * handshake.c: the FUSE INIT exchange, with the flags libfuse 3.14
  * cannot negotiate added to its reply.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * Origins and the inodes index, in the kernel overlayfs format (index=on),
  * so that the kernel and stratafs read each other's uppers through every

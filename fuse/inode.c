@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * Inodes of the merged view: the table that maps our stable inode
  * numbers to nodes, the two reference counts (the kernel's lookups and

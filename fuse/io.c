@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * The I/O engine: every byte of file data that stratafs moves goes
  * through these functions, so the handlers never touch read(2) or

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * The node lock: a 4-byte mutex on a futex, for the 130,000 nodes a big
  * tree puts in memory, where a pthread mutex would be 40 bytes of every

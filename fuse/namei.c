@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * Lookup through the layers, top down, with the kernel's rules: a
  * whiteout hides everything below it, a non-directory hides everything

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * Mount options, in the kernel overlayfs syntax:
  *   stratafs [-f] [-d] -o lowerdir=L1:L2,upperdir=U,workdir=W[,opts] MNT

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * passthrough.c: "-o passthrough", file data that never reaches the
  * daemon.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * The merged listing: the upper directory, then each lower one, each
  * name once (the topmost wins), whiteouts and their names left out, the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * resend.c: what a worker that died in the middle of requests leaves
  * for the next one to count right (see supervisor.c). The kernel sends

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * The memory a worker's successor finds (see supervisor.c). The
  * supervisor maps one memfd before it forks any worker, so every worker

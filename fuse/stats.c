@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * Counters for the CSI plugin's metrics: with -o statsfile=FILE the daemon
  * maps FILE shared and each handler bumps its counter with one relaxed

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * stratafs internals: the union filesystem's structures and, grouped by
  * the file that defines them, every function shared between files.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * The file system as a whole: the process's settings, layers and their
  * checks, the workdir and its lock, the root node, the mount and its

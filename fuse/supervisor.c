@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * stratafs runs as two processes, so that no crash of the code that
  * serves requests is ever seen by the programs using the mount.

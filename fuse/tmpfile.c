@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * tmpfile.c: open(O_TMPFILE), which the kernel sends as FUSE_TMPFILE
  * (protocol 7.37, Linux 6.1). libfuse 3.14 has no handler for it and

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * transport.c: how requests come in and replies go out. libfuse reads
  * and writes /dev/fuse through these hooks (fuse_session_custom_io):

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * Small helpers, and the traced wrappers through which every change to a
  * real layer goes: one debug line per layer operation.

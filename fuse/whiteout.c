@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * The kernel overlayfs on-disk markers: whiteouts (character devices
  * 0/0), opaque directories and redirects (xattrs), plus the OCI/AUFS

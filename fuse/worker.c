@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * worker.c: the process that serves requests, and what a new one does to
  * take over from one that died (see supervisor.c for the whole picture).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * Extended attributes of the merged view. The overlay's own markers
  * (trusted.overlay.*, or user.overlay.* with userxattr) are private: they

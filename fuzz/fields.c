@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * Request fields checked before they can name a path or an option
  * (csi/validate.c, csi/store.c): volume ids, kubelet's paths, and the

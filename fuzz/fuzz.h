@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * What the libFuzzer targets share: how a broken property is reported,
  * how the project's own chatter is kept out of the fuzzer's log, and

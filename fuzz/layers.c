@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * Layer names (csi/validate.c, csi/store.c, csi/controller.c): the input
  * is the "layers" value of a StorageClass or an inline volume, as a pod

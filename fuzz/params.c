@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * stratafs's option parser (fuse/params.c), from a command line to the
  * list of layers.

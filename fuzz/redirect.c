@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * Redirect xattrs (fuse/whiteout.c, fuse/namei.c): the input is the
  * value of the redirect on a moved upper directory.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * Every RPC the plugin serves, from arbitrary bytes to the handler's
  * decision, as server.c runs it: the first byte picks a method from the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * OCI ".wh." names (fuse/whiteout.c) and what they do to lookups
  * (fuse/namei.c) and listings (fuse/readdir.c).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * The NUL check on request bytes (csi_wire_strings_check, csi/validate.c)
  * next to protobuf-c's own unpacking, as server.c runs them.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* File system helpers shared by the programs. */
 #define _GNU_SOURCE
 #include <dirent.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * Logging shared by the programs: to stderr while a terminal or a
  * supervisor reads it, to syslog once a daemon has detached (its stderr

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* Names of the daemon counters, as the metrics label them. */
 #include "strata.h"
 

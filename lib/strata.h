@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Shared utilities for the Strata programs. */
 #ifndef STRATA_H
 #define STRATA_H

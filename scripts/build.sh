@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
 # Builds into build/ (or the directory given), with extra configure
 # arguments after it: scripts/build.sh build-asan --enable-sanitizers
 set -euo pipefail

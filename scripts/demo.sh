@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
 # The demo, through the CSI plugin as a cluster would drive it: builds
 # Strata, starts strata-csi on a local socket with a demo store, places a
 # small layer, and with stratactl creates, stages and publishes a volume

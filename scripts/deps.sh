@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
 # Installs the Debian bookworm packages that building, the demo and the
 # tests need. Only missing packages are installed; nothing runs when all
 # are there, so repeated runs are cheap.

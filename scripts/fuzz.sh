@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
 # Runs the libFuzzer targets of a --enable-fuzz build. `make fuzz-check`
 # and `make fuzz-run` call it from the build directory with the targets
 # they built:

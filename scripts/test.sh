@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
 # The whole test suite: unit programs, the integration suite over real
 # mounts (kernel overlayfs as the oracle, stratafs as built), the CSI
 # plugin suite over a real socket, the packaging checks, every example

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * strata-csi: the CSI plugin's entry point. Parses the command line,
  * takes the socket's lock and the store, starts the watcher that keeps

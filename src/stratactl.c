@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * stratactl: the command line client of a CSI plugin's socket.
  *

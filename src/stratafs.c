@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * stratafs: the union filesystem daemon's entry point. Parses the
  * command line; fuse/ does the rest (supervisor.c: sfs_run).

@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
 # Builds Strata and installs it under DESTDIR with prefix /usr: what the
 # Containerfile's build stage runs, and what tests/packaging runs to check
 # it without a container engine. The same steps as the README:

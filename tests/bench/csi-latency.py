@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """NodeStageVolume-to-ready and NodePublishVolume latency of strata-csi.
 
 Starts the plugin on a temporary store with a small layer, creates one

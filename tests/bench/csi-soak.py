@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """Soak of strata-csi: N stage/publish/write/unpublish/unstage cycles with
 crashes injected, and what the node holds counted before and after.
 

@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
 # Strata benchmark suite: stratafs against kernel overlayfs, fuse-overlayfs
 # and a plain directory, on the same backing filesystem. See README.md.
 #

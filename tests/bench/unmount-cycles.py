@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """Unmount and the layers: N cycles of mount, work, fusermount3 -u and an
 immediate umount2(2) of the tmpfs that holds the layers, per I/O engine.
 Prints how many of those umounts were EBUSY (the daemon still held the

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """How long the mount stalls when stratafs's worker dies or is replaced:
 a mount under load (a writer that fsyncs, a reader, a lister, fsx, a
 namespace churner and a probe that asks the daemon something every

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Fixtures and hooks for the strata-csi suite.
 
 Every test talks to a real `strata-csi` process ($STRATA_CSI) over a real

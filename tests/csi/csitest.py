@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Helpers for the strata-csi test suite: the programs, the generated CSI
 messages, a stub-free gRPC client, the plugin process, kubelet-like paths,
 layer builders, mount and process inspection, and the cleanup that runs

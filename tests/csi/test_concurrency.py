@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Many volumes at once, and a second operation on a volume while one is in
 flight."""
 

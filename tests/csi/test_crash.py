@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The plugin killed (SIGKILL, as an OOM kill or a node failure would) at
 every named step of every RPC that changes something, and at every step
 of a heal. After a restart and kubelet's retries of the call that was cut

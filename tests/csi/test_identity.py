@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Identity service: plugin info, capabilities, Probe."""
 
 import os

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Inline (ephemeral) volumes, as kubelet drives them: NodePublishVolume
 with its own volume id and csi.storage.k8s.io/ephemeral=true, no
 CreateVolume and no stage; NodeUnpublishVolume ends the volume. And

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The kubelet's sequence end to end, and plugin restarts in the middle of
 it: volumes keep working, state is reconciled, dead daemons are healed."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """strata-csi --metrics-address: Prometheus text scraped during a real
 lifecycle, with the counters checked to move as the calls and the I/O
 happen."""

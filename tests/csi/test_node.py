@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Node service: stage, publish, unpublish, unstage, stats, capabilities,
 info; real FUSE mounts and bind mounts checked in /proc/self/mountinfo."""
 

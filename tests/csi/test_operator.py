@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What an operator sees: refusals that name what is wrong, start-up
 lines that tell the truth, and the state of every volume at a glance
 (issue 15). Each test pins one message or signal, as the programs print

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The daemons outlive the plugin's container (issue 11, item 3).
 
 A container is simulated as a container runtime makes one: the plugin

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A staged volume's stratafs worker replaced through the plugin
 (strata.v1.Admin/ReplaceWorker, `stratactl replace-worker`): the
 supervisor keeps the mount, the pods notice nothing, and with

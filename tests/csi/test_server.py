@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The gRPC server and the process: unknown methods, service modes, bad
 bytes, the per-RPC log, secrets, the single-instance lock, signals, the
 command line."""

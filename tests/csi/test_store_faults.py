@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The store under faults: a full filesystem while the plugin writes its
 records, records damaged on disk, a lower layer removed under a staged
 volume, and the store turned read-only. Each gets a clear status (or,

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """stratactl as a black box ($STRATACTL) against a real plugin."""
 
 import json

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The Node service's trust boundary: what a hostile or buggy kubelet (or
 anything else on the socket) can make the plugin do with the paths and
 ids it sends. Each case checks the status code CSI v1.12 asks for, and

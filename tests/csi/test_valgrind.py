@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """strata-csi under valgrind: a volume lifecycle plus a few refused
 requests, then SIGTERM; the plugin must exit 0 with no memory errors and no
 definite leaks.  Deselect with -k 'not valgrind' (slow); skipped for a

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The code blocks of README.md and docs/*.md, and how each is checked.
 
 Every fenced block is one of:

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Each code block of README.md and docs/*.md, run as written on a scratch
 root, its output compared with what the page shows (docblocks.py says
 how), so that the docs cannot drift from the programs."""

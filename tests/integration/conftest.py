@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Fixtures and hooks for the stratafs integration suite.
 
 Every behavioural test runs against two implementations of the same union

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * faultdisk: a disk that fails on command, for tests. A FUSE filesystem
  * with a file "disk", whose bytes are an image file's; a loop device over

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Helpers for the stratafs integration suite (layer builders, snapshots,
 mount management).  Imported by conftest.py and the test modules."""
 

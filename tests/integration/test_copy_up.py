@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Copy-up: what triggers it, what it preserves, what it must not touch."""
 
 import errno

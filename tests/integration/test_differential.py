@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Differential testing: the same random operations on kernel overlayfs and on
 stratafs, over the same fresh layers, must give the same outcomes (success or
 errno), the same merged tree and an equivalent upper layer. The kernel runs

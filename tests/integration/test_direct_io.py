@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """O_DIRECT (issue 12): reads and writes of upper and lower files, aligned
 as the backing filesystem asks of offsets and sizes, work as on kernel
 overlayfs; misaligned ones fail there as they do on the kernel's. Memory

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Running out of space in the upper layer."""
 
 import errno

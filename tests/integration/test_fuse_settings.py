@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The FUSE settings stratafs negotiates, checked by the requests the
 kernel then sends (stratafs only; docs/fuse-settings.md). The daemon runs
 with libfuse's debug log, which names every request it gets."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Hard links of lower files stay hard links through copy-up (stratafs only).
 
 Kernel overlayfs with index=off breaks lower hard links on copy-up (the

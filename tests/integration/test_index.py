@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Lower hard links in the kernel's index format (issue 12): the origin
 xattr holds the lower file's handle, the copy lives in WORKDIR/index
 under that handle in hex, and the kernel (index=on) and stratafs read

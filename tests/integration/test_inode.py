@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Inode numbers, st_dev and link counts."""
 
 import os

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """On-disk compatibility: an upper written by one implementation, mounted by
 the other, shows the same merged tree."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The I/O engines (stratafs only): io=uring and io=sync give the same
 data, and where io_uring is unavailable the daemon says so once and falls
 back to sync. scripts/test.sh also runs the whole suite with io=sync."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The last POSIX edges where stratafs and kernel overlayfs once differed
 (issue 12): each test runs on both, and asserts what the kernel does."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """File locks between processes, sync calls, suid/sgid stripping."""
 
 import errno

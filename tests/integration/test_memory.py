@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Daemon memory stays bounded over a big tree (stratafs only).
 
 Prints lines starting with ``RSS:`` (run with -s to see them).

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """stratafs's messages to an operator (issue 15): an unknown option is
 refused by its name before anything is opened, and a detached daemon's
 messages reach somebody where there is no syslog."""

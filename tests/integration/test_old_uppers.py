@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Layers that are old uppers (issue 12): redirects, opaque markers and
 whiteouts are honoured in every layer, as kernel overlayfs does.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Races on the daemon's node lifetimes.
 
 Each test runs storms of operations from several processes at once while

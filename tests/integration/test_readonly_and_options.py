@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Read-only unions, userxattr, command line, refusals, mount helpers."""
 
 import errno

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """rename / renameat2 across layers, directory redirects."""
 
 import errno

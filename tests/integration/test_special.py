@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Special files, name and path limits, open-file semantics."""
 
 import errno

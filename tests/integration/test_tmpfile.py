@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """O_TMPFILE (issue 12): an unnamed file in the upper directory, as the
 kernel's overlayfs makes it; linkat(2) names it; EROFS without an upper
 layer."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """unlink / rmdir: whiteouts, opaque directories, ENOTEMPTY."""
 
 import errno

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Unmount releases the layers (issue 12): once fusermount3 -u returns,
 the filesystem under the layers can be unmounted at once, with either
 I/O engine. A few cycles here; tests/bench/unmount-cycles.py runs 500 and

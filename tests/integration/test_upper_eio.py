@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """EIO from the upper filesystem (issue 11, item 6).
 
 The upper layer lives on ext4 on a loop device whose backing file is

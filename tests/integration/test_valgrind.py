@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """stratafs under valgrind: a workload over every kind of operation, then
 an unmount; the daemon must exit 0 with no memory errors and no definite
 leaks (stratafs only; the sanitizer pass runs without it, as valgrind

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """stratafs as a supervisor and a worker (fuse/supervisor.c): the worker
 killed, replaced and upgraded under load, and the mount never sees it.
 

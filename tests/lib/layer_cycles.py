@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Mount, work, unmount, and unmount the layers' filesystem at once: the
 cycle that finds a daemon still holding its layers after the unmount
 returned (issue 12). Shared by tests/integration/test_unmount.py (a few

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """Load on a mount while something is done to its daemon (workers killed,
 replaced, upgraded): run as a program, one process per load, so that each
 has its own current directory and descriptors.

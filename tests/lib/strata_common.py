@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Helpers shared by the stratafs integration suite (tests/integration) and
 the strata-csi suite (tests/csi): /proc/self/mountinfo, unmounting and
 aborting FUSE connections, sanitizer reports, errno checks and the per-test

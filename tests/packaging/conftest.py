@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Shared fixtures of the packaging tests: where the tree is, and the
 tools and programs a test needs, which fail the test (never skip it) when
 they are missing, so a run without them cannot pass by saying nothing."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """stratactl's bash completion (packaging/bash-completion/stratactl): it
 offers what the binary takes, read from its help, so the two cannot
 drift; and `make install` (so the Debian package) puts it where

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The container image, without a container engine: the build script the
 Containerfile's build stage runs is run here into a scratch DESTDIR, the
 installed programs must run, and the runtime stage's package list must

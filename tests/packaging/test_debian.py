@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The Debian package built from packaging/debian.
 
 The build copies the source tree (tracked and new files, not what

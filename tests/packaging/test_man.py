@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The man pages render cleanly and document every option the programs take.
 
 Each page is built from one source, man/<page>.in, by make (the version

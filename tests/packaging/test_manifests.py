@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The Kubernetes manifests (packaging/kubernetes), rendered as a cluster
 would get them (`kubectl kustomize`), checked against the CSI facts that
 decide the design and against the real strata-csi binary: every flag the

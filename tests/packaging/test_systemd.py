@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The systemd units in packaging/systemd, checked and run by hand.
 
 systemd need not be PID 1 here: `systemd-analyze verify` checks the units

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * A real stratafs instance without FUSE, for the unit programs of the
  * modules that work on nodes: layers in a temporary directory,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* copy_up.c: atomic copies with data, holes, metadata and xattrs. */
 #include <errno.h>
 

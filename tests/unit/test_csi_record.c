@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * csi/record.c: JSON records written atomically and read back, and what
  * a damaged, oversized or symlinked record reads as.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * csi/store.c and csi/state.c: the directory store and the node records.
  * A store is one plugin's, volumes appear and go atomically, layers

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * csi/validate.c and csi/path.c: what a request's ids, names, options
  * and paths must be before they reach anything, and how a path is

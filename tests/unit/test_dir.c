@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * dir.c: create, mknod, mkdir, symlink, link, unlink, rmdir and rename,
  * driven as the kernel drives them: through their FUSE handlers, on a

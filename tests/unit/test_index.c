@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* index.c: origins in the kernel's encoding, the index, the count. */
 #include <errno.h>
 #include <string.h>

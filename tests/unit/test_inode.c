@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* inode.c: the inode table, stable numbers and descriptor parking. */
 #include <errno.h>
 

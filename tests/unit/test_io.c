@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* io.c: the data paths copy-up uses, on real files. */
 #include <errno.h>
 #include <fcntl.h>

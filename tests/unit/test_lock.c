@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * lock.c: the 4-byte node lock. Mutual exclusion under contention, the
  * futex slow path taken and left (waiters woken, the word back to 0),

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* log.c: the line format every program's messages share. */
 #include <stdarg.h>
 #include <stdio.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* namei.c: lookup through layers by the kernel's rules. */
 #include <errno.h>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* params.c: the lowerdir syntax and the command line. */
 #include <errno.h>
 #include <stdlib.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* readdir.c: the merged listing, counts and emptiness. */
 #include <dirent.h>
 #include <errno.h>

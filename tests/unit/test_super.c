@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* super.c: the checks made before mounting, and the scratch dirs. */
 #include <errno.h>
 #include <sys/file.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* util.c and the inode numbering of inode.c. */
 #include <errno.h>
 #include <fcntl.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* whiteout.c: the kernel's markers, made and read on a real directory. */
 #include <dirent.h>
 #include <errno.h>

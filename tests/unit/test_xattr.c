@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* xattr.c: private names, copying, the origin number. */
 #include <errno.h>
 

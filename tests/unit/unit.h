@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * A minimal harness for the unit programs, in liburing's convention:
  * exit 0 on pass, 77 on skip, 1 on failure. Every failed check prints

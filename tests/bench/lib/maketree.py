@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """Builds the benchmark's file tree: the first COUNT entries of SRC (a
 sorted walk of /usr) with the same names, modes, owners, mtimes and
 symlinks, but every regular file cut to at most MAXBYTES bytes.

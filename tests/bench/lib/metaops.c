@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * metaops: times metadata operations from inside one process, so that
  * what is measured is the filesystem, not process start-up (one `touch`

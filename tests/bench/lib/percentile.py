@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The percentile the bench scripts report (nearest rank)."""
 
 

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """Turns a run's raw results into results.md and results.png.
 
   report.py report OUTDIR   reads OUTDIR/raw/{meta.env,results.jsonl}
