@@ -18,6 +18,7 @@
 
 enum {
 	KEY_STRING,
+	KEY_MAX_READ,
 	KEY_HELP,
 	KEY_VERSION,
 	KEY_FOREGROUND,
@@ -42,8 +43,7 @@ static const struct fuse_opt sfs_opt_spec[] = {
 	 * INIT whose init() did not ask for the same size: seen here, and
 	 * passed on.
 	 */
-	{ "max_read=%u", offsetof(struct sfs_params, max_read), 0 },
-	FUSE_OPT_KEY("max_read=", FUSE_OPT_KEY_KEEP),
+	FUSE_OPT_KEY("max_read=", KEY_MAX_READ),
 	FUSE_OPT_KEY("-h", KEY_HELP),
 	FUSE_OPT_KEY("--help", KEY_HELP),
 	FUSE_OPT_KEY("-V", KEY_VERSION),
@@ -85,6 +85,23 @@ static int sfs_opt_string(struct sfs_params *p, const char *arg)
 	return 1;
 }
 
+/* max_read=BYTES: kept for libfuse (1), or refused by name (-1). */
+static int sfs_opt_max_read(struct sfs_params *p, const char *arg)
+{
+	const char *v = arg + strlen("max_read=");
+	char *end;
+	unsigned long n;
+
+	errno = 0;
+	n = strtoul(v, &end, 10);
+	if (!*v || *end || errno || n > UINT32_MAX || *v == '-') {
+		fprintf(stderr, "stratafs: %s: expected a size in bytes\n", arg);
+		return -1;
+	}
+	p->max_read = (unsigned)n;
+	return 1;
+}
+
 static int sfs_opt_proc(void *data, const char *arg, int key,
 			struct fuse_args *outargs)
 {
@@ -93,6 +110,8 @@ static int sfs_opt_proc(void *data, const char *arg, int key,
 	switch (key) {
 	case KEY_STRING:
 		return sfs_opt_string(p, arg);
+	case KEY_MAX_READ:
+		return sfs_opt_max_read(p, arg);
 	case KEY_HELP:
 		p->show_help = true;
 		return 0;

@@ -46,13 +46,14 @@ def test_unknown_option_is_refused_by_name(stratafs_only, make_args, name):
         "stratafs: see 'stratafs --help'"], r.stderr
 
 
-def test_a_bad_libfuse_value_is_libfuses_word(stratafs_only):
+def test_a_bad_max_read_is_named(stratafs_only):
+    """max_read= is libfuse's, but stratafs reads it too (INIT must echo
+    it): a bad value is named by stratafs."""
     l0, _, _, mnt = _dirs(stratafs_only.tmp)
     r = _stratafs("-o", f"lowerdir={l0},max_read=lots", mnt)
     assert r.returncode != 0
     assert r.stderr.splitlines()[0] == (
-        "stratafs: invalid options: fuse: invalid parameter in option "
-        "`max_read=lots'"), r.stderr
+        "stratafs: max_read=lots: expected a size in bytes"), r.stderr
 
 
 def test_libfuse_options_still_pass(stratafs_only, daemon_mount):
