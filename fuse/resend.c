@@ -7,10 +7,12 @@
  * the kernel's lookup counts, which the nodes mirror in nlookup:
  *
  *  - FORGET has no answer, so the kernel never sends one again: a batch
- *    half done would leave nodes forever. A batch is written down in the
- *    shared memory first, and each entry marked done before it is done:
+ *    read and not done would leave nodes forever. A batch is written down
+ *    in the shared memory as soon as it is read (sfs_forget_read), before
+ *    libfuse dispatches it, and each entry marked done before it is done:
  *    the next worker finishes what is left. At worst the entry in hand
- *    when the worker died is lost; none is ever done twice.
+ *    when the worker died is lost, or a whole batch when it died between
+ *    the read and the journal's store; none is ever done twice.
  *
  *  - A reply that names nodes (LOOKUP, CREATE, READDIRPLUS...) counts a
  *    lookup for each before it goes out, as the kernel will once it has
@@ -32,6 +34,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <linux/fuse.h>
 #include <string.h>
 
 #include "stratafs.h"
@@ -66,19 +69,66 @@ static atomic_bool sfs_unreplied_open;
 /* Over sfs->unreplied: a list is freed by whoever matches it first. */
 static pthread_mutex_t sfs_unreplied_lock = PTHREAD_MUTEX_INITIALIZER;
 
-void sfs_forget_batch(size_t count, struct fuse_forget_data *forgets)
+/* The FORGET this thread read, written down before it is handled. */
+static __thread struct sfs_forgets *sfs_forget_pending;
+
+/* A journal of COUNT entries, tagged once whole, or NULL. */
+static struct sfs_forgets *sfs_forgets_new(size_t count,
+					   const struct fuse_forget_one *one,
+					   const struct fuse_forget_data *data)
 {
 	struct sfs_forgets *j = sfs_shm ?
 		sfs_shm_alloc(sizeof(*j) + count * sizeof(j->ent[0])) : NULL;
 
-	if (j) {
-		j->count = (uint32_t)count;
-		for (size_t i = 0; i < count; i++) {
-			j->ent[i].node = sfs_node_get(forgets[i].ino);
-			j->ent[i].nlookup = forgets[i].nlookup;
-		}
-		sfs_shm_tag(j, SFS_SHM_FORGET);
+	if (!j)
+		return NULL;
+	j->count = (uint32_t)count;
+	for (size_t i = 0; i < count; i++) {
+		j->ent[i].node = sfs_node_get(one ? one[i].nodeid : data[i].ino);
+		j->ent[i].nlookup = one ? one[i].nlookup : data[i].nlookup;
 	}
+	sfs_shm_tag(j, SFS_SHM_FORGET);
+	return j;
+}
+
+/*
+ * A request was read: a FORGET or BATCH_FORGET (LEN bytes at BUF, which
+ * the kernel wrote whole) is written down at once, for its handler.
+ */
+void sfs_forget_read(const void *buf, size_t len)
+{
+	const struct fuse_in_header *in = buf;
+	const struct fuse_batch_forget_in *b = (const void *)(in + 1);
+	struct fuse_forget_one single;
+
+	if (len < sizeof(*in))
+		return;
+	if (in->opcode == FUSE_FORGET &&
+	    len >= sizeof(*in) + sizeof(struct fuse_forget_in)) {
+		single.nodeid = in->nodeid;
+		single.nlookup = ((const struct fuse_forget_in *)(in + 1))->nlookup;
+		sfs_forget_pending = sfs_forgets_new(1, &single, NULL);
+	} else if (in->opcode == FUSE_BATCH_FORGET && len >= sizeof(*in) + sizeof(*b) &&
+		   b->count <= (len - sizeof(*in) - sizeof(*b)) /
+				       sizeof(struct fuse_forget_one)) {
+		sfs_forget_pending = sfs_forgets_new(
+			b->count, (const struct fuse_forget_one *)(b + 1), NULL);
+	}
+}
+
+void sfs_forget_batch(size_t count, struct fuse_forget_data *forgets)
+{
+	struct sfs_forgets *j = sfs_forget_pending;
+
+	/* libfuse hands on what was read, in order; anything else: anew */
+	sfs_forget_pending = NULL;
+	if (j && j->count != count) {
+		sfs_shm_tag(j, SFS_SHM_OTHER);
+		sfs_shm_free(j);
+		j = NULL;
+	}
+	if (!j)
+		j = sfs_forgets_new(count, NULL, forgets);
 	for (size_t i = 0; i < count; i++) {
 		if (j)
 			atomic_store(&j->done, (uint32_t)i + 1);

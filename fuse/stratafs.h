@@ -582,6 +582,7 @@ void sfs_tmpfile_request(int fd, const void *buf, size_t len);
 #define SFS_UNIQUE_RESEND (1ULL << 63)
 struct fuse_forget_data;
 void sfs_forget_batch(size_t count, struct fuse_forget_data *forgets);
+void sfs_forget_read(const void *buf, size_t len);
 void sfs_resend_counted(struct sfs_node *n);
 void sfs_resend_request(uint64_t unique, bool resent);
 void sfs_resend_replied(uint64_t unique);

@@ -7,7 +7,8 @@
  *  - a request the kernel sends again after a worker died (its unique
  *    carries FUSE_UNIQUE_RESEND) is noted for its handler, which may find
  *    its work done already (sfs_req_resent), and for the lookup counts
- *    (resend.c), as is each reply that went out;
+ *    (resend.c), as is each reply that went out; a FORGET is written
+ *    down the moment it is read (resend.c);
  *  - a reply can be captured instead of sent: the INIT exchange, which a
  *    new worker replays without the kernel ever seeing it (handshake.c).
  *    Swapping /dev/fuse for a pipe under libfuse would not do: the
@@ -64,6 +65,7 @@ static ssize_t sfs_hook_read(int fd, void *buf, size_t len, void *userdata)
 			return n;
 		sfs_resent = in->unique & SFS_UNIQUE_RESEND;
 		sfs_resend_request(in->unique, sfs_resent);
+		sfs_forget_read(buf, (size_t)n);
 		if (in->opcode != FUSE_TMPFILE)
 			return n;
 		sfs_tmpfile_request(fd, buf, n);
