@@ -40,8 +40,14 @@ int sfs_file_open(struct sfs_node *n, int flags, struct sfs_file **out)
 	f = sfs_shm_alloc(sizeof(*f));
 	if (!f)
 		return -ENOMEM;
-	/* The kernel did the permission and creation checks already. */
-	flags &= ~(O_CREAT | O_EXCL | O_NOCTTY | O_NOFOLLOW);
+	/*
+	 * The kernel did the permission and creation checks already. It
+	 * also turns O_APPEND into an offset (the end it knows) in every
+	 * WRITE: on the real file, O_APPEND would make pwrite(2) ignore that
+	 * offset, and a WRITE sent again after a worker died would append
+	 * its bytes a second time.
+	 */
+	flags &= ~(O_CREAT | O_EXCL | O_NOCTTY | O_NOFOLLOW | O_APPEND);
 	/*
 	 * Counted open before it looks for an upper copy: a writer copying
 	 * up meanwhile then sees this handle (sfs_pass_open).

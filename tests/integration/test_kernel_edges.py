@@ -243,3 +243,25 @@ def test_noallow_other_keeps_other_users_out(stratafs_only):
         os.close(os.open("mnt/pub", os.O_RDONLY, dir_fd=dfd))
     assert run_as(OTHER_UID, OTHER_UID, u.base, read) == errno.EACCES
     assert read_bytes(u.path("pub")) == b"public"
+
+
+@pytest.mark.parametrize("where", ["lower", "upper"])
+def test_append_cleared_by_fcntl_writes_at_the_offset(union, where):
+    """O_APPEND is the kernel's to apply: cleared with fcntl(F_SETFL), a
+    pwrite at 0 writes at 0, as on the kernel's overlayfs (which passes
+    the change on to the real file). stratafs opened the real file with
+    O_APPEND, so it appended; that also made a WRITE sent again after a
+    worker's death append its bytes twice."""
+    u = union.make([{"f": "abcdef"} if where == "lower" else {}])
+    if where == "upper":
+        with open(u.path("f"), "w") as f:
+            f.write("abcdef")
+    fd = os.open(u.path("f"), os.O_WRONLY | os.O_APPEND)
+    try:
+        os.write(fd, b"GH")
+        os.pwrite(fd, b"Z", 0)      # O_APPEND: at the end, whatever the offset
+        fcntl.fcntl(fd, fcntl.F_SETFL, 0)
+        os.pwrite(fd, b"X", 0)
+    finally:
+        os.close(fd)
+    assert read_bytes(u.path("f")) == b"XbcdefGHZ"
