@@ -36,14 +36,21 @@
  * send; libfuse's loop keeps serving the device for them.
  *
  * A worker that dies. What the kernel does with a dead worker's ring
- * entries (fs/fuse/dev_uring.c, 6.18; seen in tests/integration/
- * test_uring.py): an idle entry is cancelled when the ring goes
- * (IO_URING_F_CANCEL), and a new worker can register entries of its own
- * on the same queues. But a request the dead worker had been handed
- * stays with its entry: FUSE_NOTIFY_RESEND sends again only what waits
- * on /dev/fuse, not on ring queues, so the process that asked waits
- * until the mount goes. Supervised (supervisor.c), the transport is
- * therefore /dev/fuse; see sfs_uring_usable.
+ * entries (fs/fuse/dev_uring.c, Linux 6.18; shown by tests/integration/
+ * test_uring.py, which serves supervised over io_uring through
+ * SFS_URING_SUPERVISED_ENV):
+ *  - an idle entry is cancelled when its task exits (IO_URING_F_CANCEL),
+ *    and the next worker registers entries of its own on the same
+ *    queues: registering again works, and requests flow again;
+ *  - a request being handed to an entry as its task dies fails with
+ *    ECANCELED, and the program that made it sees the error;
+ *  - a request the dead worker had been handed stays with its entry:
+ *    FUSE_NOTIFY_RESEND queues again only what was read from /dev/fuse
+ *    (fuse_resend walks the device queues, not the ring queues), so the
+ *    program waits until the mount goes.
+ * Neither can be mended from here. Supervised (supervisor.c), the mount
+ * is served through /dev/fuse, where a worker's death is never seen;
+ * -o nosupervisor serves over io_uring.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -69,6 +76,12 @@
 #define SFS_URING_MIN_PAYLOAD 8192
 /* The kernel's FUSE_DEFAULT_MAX_PAGES_PER_REQ, without FUSE_MAX_PAGES. */
 #define SFS_URING_DEFAULT_PAGES 32
+
+/* the sizes include/uapi/linux/fuse.h gives them */
+_Static_assert(sizeof(struct sfs_fuse_uring_req_header) == 288,
+	       "struct fuse_uring_req_header");
+_Static_assert(sizeof(struct sfs_fuse_uring_cmd_req) == 24,
+	       "struct fuse_uring_cmd_req");
 
 struct sfs_uring_queue;
 
@@ -162,10 +175,17 @@ static int sfs_uring_possible(void)
 }
 
 /*
+ * For tests only (tests/integration/test_uring.py): serve over io_uring
+ * though supervised, to show what a worker's death does to its requests.
+ */
+#define SFS_URING_SUPERVISED_ENV "STRATAFS_URING_SUPERVISED"
+
+/*
  * Whether the kernel should be asked for FUSE over io_uring in INIT,
  * given the flags it OFFERED. Said once in the log when it is not used
- * though the options did not rule it out. SUPERVISED: a worker's death
- * must not lose requests (see the top of the file).
+ * though the options did not rule it out. SUPERVISED: another worker
+ * may follow this one, which the transport cannot carry (the top of the
+ * file says why).
  */
 bool sfs_uring_usable(uint64_t offered, bool supervised)
 {
@@ -177,6 +197,12 @@ bool sfs_uring_usable(uint64_t offered, bool supervised)
 
 	if (t && !strcmp(t, "dev"))
 		return false;
+	if (supervised && getenv(SFS_URING_SUPERVISED_ENV)) {
+		strata_warn("%s is set: FUSE over io_uring though supervised; a "
+			    "worker's death fails or strands its requests",
+			    SFS_URING_SUPERVISED_ENV);
+		supervised = false;
+	}
 	if (!(offered & SFS_FUSE_OVER_IO_URING)) {
 		/* the kernel offers it only while the parameter is set */
 		why = access("/sys/module/fuse/parameters/enable_uring", F_OK) ?
@@ -185,10 +211,9 @@ bool sfs_uring_usable(uint64_t offered, bool supervised)
 			      "the module parameter fuse.enable_uring is 0 "
 			      "(/sys/module/fuse/parameters/enable_uring)";
 	} else if (supervised) {
-		why = "a worker that dies would take the requests it was "
-		      "handed with it: FUSE_NOTIFY_RESEND does not reach ring "
-		      "queues (Linux 6.18); -o nosupervisor serves over "
-		      "io_uring";
+		why = "a worker's death would fail or strand the requests its "
+		      "rings held (Linux 6.18 resends only what waits on "
+		      "/dev/fuse); -o nosupervisor serves over io_uring";
 	} else if ((ret = io_uring_queue_init(2, &probe,
 					      IORING_SETUP_SQE128)) < 0) {
 		snprintf(reason, sizeof(reason),
