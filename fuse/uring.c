@@ -28,8 +28,16 @@
  * The copy also frees the entry's buffers for the reply at once: a
  * handler may still read its request (a name) after replying, and the
  * kernel may put the next request in those buffers as soon as the
- * commit is in. A reply may come from another thread (the I/O engine's
- * completion thread), so a queue's submission side has a lock.
+ * commit is in.
+ *
+ * Only a queue's own thread submits to its ring. A reply made on it is
+ * queued in the SQ and goes in with the wait for the next request: one
+ * io_uring_enter(2) per request. A reply made on another thread (the
+ * I/O engine's completion thread) is pushed on the queue's list and the
+ * thread woken through an eventfd its ring reads. Either way the entry's
+ * command is the pinned thread's, which matters: the kernel hands the
+ * next request over in the context of the task that submitted the
+ * command (io_uring_cmd_complete_in_task).
  *
  * Still on /dev/fuse (fs/fuse/dev_uring.c, fuse_io_uring_ops, 6.18):
  * INIT, FORGET and BATCH_FORGET, INTERRUPT, and every notification we
@@ -63,6 +71,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -97,12 +106,17 @@ struct sfs_uring_ent {
 	char *payload;
 	struct iovec iov[2];	/* what REGISTER hands the kernel */
 	_Atomic uint64_t unique;
+	/* answered on another thread: on q->replied until committed */
+	uint64_t replied;
+	struct sfs_uring_ent *next;
 };
 
 struct sfs_uring_queue {
-	struct io_uring ring;
-	/* the submission side: any thread that replies commits */
-	pthread_mutex_t sq_lock;
+	struct io_uring ring;	/* its own thread's alone */
+	/* entries answered on other threads, for the queue's thread */
+	struct sfs_uring_ent *_Atomic replied;
+	int efd;		/* wakes the thread for them */
+	uint64_t efd_val;	/* where the ring reads the eventfd to */
 	pthread_t thread;
 	int qid;		/* the kernel's queue, the CPU the thread runs on */
 	int err;		/* setting up: 0 once the kernel has the entries */
@@ -126,6 +140,11 @@ static struct {
 
 /* The entry whose request this thread is handling. */
 static __thread struct sfs_uring_ent *sfs_uring_cur;
+/* The queue whose thread this is, on a queue's thread. */
+static __thread struct sfs_uring_queue *sfs_uring_self;
+
+/* The user_data of the eventfd read: an address no entry has. */
+#define SFS_URING_WAKE ((void *)&sfs_uring)
 
 /*
  * The number of CPUs in a kernel CPU list ("0-3,5"), as
@@ -269,37 +288,74 @@ static void sfs_uring_prep(struct io_uring_sqe *sqe, struct sfs_uring_ent *e,
 	io_uring_sqe_set_data(sqe, e);
 }
 
-/* Submits what is queued on Q's ring; the caller holds sq_lock. */
-static int sfs_uring_submit(struct sfs_uring_queue *q)
+/* An SQE of Q's ring, submitting what waits if it is full. */
+static struct io_uring_sqe *sfs_uring_sqe(struct sfs_uring_queue *q)
 {
-	int ret;
+	struct io_uring_sqe *sqe = io_uring_get_sqe(&q->ring);
 
-	do {
-		ret = io_uring_submit(&q->ring);
-	} while (ret == -EINTR || ret == -EAGAIN || ret == -EBUSY);
-	return ret < 0 ? ret : 0;
+	if (!sqe) {
+		io_uring_submit(&q->ring);
+		sqe = io_uring_get_sqe(&q->ring);
+	}
+	return sqe;
 }
 
-/* Answers the request ENT holds, and hands ENT back for the next one. */
-static int sfs_uring_commit(struct sfs_uring_ent *e, uint64_t unique)
+/*
+ * On Q's thread: answers the request E holds and hands E back for the
+ * next one, with the next submit.
+ */
+static void sfs_uring_commit(struct sfs_uring_queue *q,
+			     struct sfs_uring_ent *e, uint64_t unique)
 {
-	struct sfs_uring_queue *q = e->q;
-	struct io_uring_sqe *sqe;
-	int ret = -EBUSY;
+	struct io_uring_sqe *sqe = sfs_uring_sqe(q);
 
-	pthread_mutex_lock(&q->sq_lock);
-	/* the SQ has room for every entry: one commit each at most */
-	sqe = io_uring_get_sqe(&q->ring);
-	if (sqe) {
-		sfs_uring_prep(sqe, e, SFS_FUSE_IO_URING_CMD_COMMIT_AND_FETCH,
-			       unique);
-		ret = sfs_uring_submit(q);
+	if (!sqe) {
+		/* never: the SQ holds twice the entries */
+		strata_err("FUSE over io_uring: queue %d: no room to commit",
+			   q->qid);
+		return;
 	}
-	pthread_mutex_unlock(&q->sq_lock);
-	if (ret < 0)
-		strata_err("FUSE over io_uring: queue %d: commit: %s", q->qid,
-			   strerror(-ret));
-	return ret;
+	sfs_uring_prep(sqe, e, SFS_FUSE_IO_URING_CMD_COMMIT_AND_FETCH, unique);
+}
+
+/* Reads the eventfd through the ring: its completion wakes the thread. */
+static int sfs_uring_arm_wake(struct sfs_uring_queue *q)
+{
+	struct io_uring_sqe *sqe = sfs_uring_sqe(q);
+
+	if (!sqe)
+		return -EBUSY;
+	io_uring_prep_read(sqe, q->efd, &q->efd_val, sizeof(q->efd_val), 0);
+	io_uring_sqe_set_data(sqe, SFS_URING_WAKE);
+	return 0;
+}
+
+/* From another thread: E is answered, for Q's thread to commit. */
+static void sfs_uring_hand_over(struct sfs_uring_queue *q,
+				struct sfs_uring_ent *e, uint64_t unique)
+{
+	struct sfs_uring_ent *head = atomic_load(&q->replied);
+
+	e->replied = unique;
+	do {
+		e->next = head;
+	} while (!atomic_compare_exchange_weak(&q->replied, &head, e));
+	/* an empty list means the thread may sleep: wake it */
+	if (!head)
+		eventfd_write(q->efd, 1);
+}
+
+/* On Q's thread: commits what other threads answered. */
+static void sfs_uring_take_over(struct sfs_uring_queue *q)
+{
+	struct sfs_uring_ent *e = atomic_exchange(&q->replied, NULL);
+
+	while (e) {
+		struct sfs_uring_ent *next = e->next;
+
+		sfs_uring_commit(q, e, e->replied);
+		e = next;
+	}
 }
 
 /* The entry holding request UNIQUE, taken from it; NULL when none does. */
@@ -334,7 +390,6 @@ ssize_t sfs_uring_reply(const struct iovec *iov, int count)
 	struct sfs_uring_ent *e;
 	size_t total = 0, room;
 	char *hdr, *pay;
-	int ret;
 
 	if (count < 1 || iov[0].iov_len < sizeof(*out))
 		return -ENOENT;
@@ -371,8 +426,13 @@ ssize_t sfs_uring_reply(const struct iovec *iov, int count)
 		total += n;
 	}
 	e->hdr->ring_ent_in_out.payload_sz = (uint32_t)(total - sizeof(*out));
-	ret = sfs_uring_commit(e, out->unique);
-	return ret < 0 ? ret : (ssize_t)total;
+	/* the buffers go to the kernel, and back to the queue's thread */
+	SFS_TSAN_RELEASE(e);
+	if (e->q == sfs_uring_self)
+		sfs_uring_commit(e->q, e, out->unique);
+	else
+		sfs_uring_hand_over(e->q, e, out->unique);
+	return (ssize_t)total;
 }
 
 /* Answers ENT's request with ERR, without libfuse. */
@@ -399,6 +459,7 @@ static void sfs_uring_serve(struct sfs_uring_queue *q, struct sfs_uring_ent *e)
 	struct fuse_buf buf = { .mem = q->req };
 	size_t opsz;
 
+	SFS_TSAN_ACQUIRE(e);
 	atomic_store(&e->unique, e->hdr->ring_ent_in_out.commit_id);
 	if (in->len < sizeof(*in) + (size_t)psz || psz > sfs->uring_payload ||
 	    in->len - sizeof(*in) - psz > SFS_FUSE_URING_OP_IN_OUT_SZ) {
@@ -435,20 +496,20 @@ static int sfs_uring_register(struct sfs_uring_queue *q)
 	if (ret < 0)
 		return ret;
 	q->ring_ok = true;
-	pthread_mutex_lock(&q->sq_lock);
 	for (int i = 0; i < SFS_URING_DEPTH; i++) {
 		struct sfs_uring_ent *e = &q->ent[i];
 		struct io_uring_sqe *sqe = io_uring_get_sqe(&q->ring);
 
 		/* the SQ has room for twice the entries */
 		if (!sqe)
-			break;
+			return -EBUSY;
 		sfs_uring_prep(sqe, e, SFS_FUSE_IO_URING_CMD_REGISTER, 0);
 		sqe->addr = (uintptr_t)e->iov;
 		sqe->len = 2;
 	}
-	ret = sfs_uring_submit(q);
-	pthread_mutex_unlock(&q->sq_lock);
+	ret = sfs_uring_arm_wake(q);
+	if (ret == 0)
+		ret = io_uring_submit(&q->ring);
 	if (ret < 0)
 		return ret;
 	/*
@@ -456,45 +517,70 @@ static int sfs_uring_register(struct sfs_uring_queue *q)
 	 * completed with its error already. A success completes only with a
 	 * request, which the loop takes.
 	 */
-	if (io_uring_peek_cqe(&q->ring, &cqe) == 0 && cqe->res < 0) {
+	if (io_uring_peek_cqe(&q->ring, &cqe) == 0 && cqe->res < 0 &&
+	    io_uring_cqe_get_data(cqe) != SFS_URING_WAKE) {
 		ret = cqe->res;
 		io_uring_cqe_seen(&q->ring, cqe);
+		return ret;
 	}
-	return ret;
+	return 0;
 }
 
+/* One completion on Q's ring; false when the thread is to end. */
+static bool sfs_uring_complete(struct sfs_uring_queue *q,
+			       struct sfs_uring_ent *e, int res, int *live)
+{
+	if (e == SFS_URING_WAKE) {
+		sfs_uring_take_over(q);
+		if (atomic_load(&sfs_uring.stopping))
+			return false;
+		if (sfs_uring_arm_wake(q) < 0) {
+			strata_err("FUSE over io_uring: queue %d: cannot wait for "
+				   "replies made elsewhere", q->qid);
+			return false;
+		}
+		return true;
+	}
+	if (res < 0) {
+		/* the connection is gone (ENOTCONN), or a commit failed */
+		if (res != -ENOTCONN)
+			strata_err("FUSE over io_uring: queue %d: an entry "
+				   "ended: %s", q->qid, strerror(-res));
+		return --*live > 0;
+	}
+	sfs_uring_serve(q, e);
+	return true;
+}
+
+/*
+ * Submits the commits made meanwhile and waits for the next request in
+ * one system call, then handles every completion there is.
+ */
 static void sfs_uring_loop(struct sfs_uring_queue *q)
 {
 	int live = SFS_URING_DEPTH;
+	bool going = true;
 
-	while (live > 0 && !atomic_load(&sfs_uring.stopping)) {
+	while (going) {
 		struct io_uring_cqe *cqe;
-		struct sfs_uring_ent *e;
-		int ret = io_uring_wait_cqe(&q->ring, &cqe);
+		int ret = io_uring_submit_and_wait(&q->ring, 1);
 
-		if (ret == -EINTR)
-			continue;
-		if (ret < 0) {
+		if (ret < 0 && ret != -EINTR && ret != -EAGAIN &&
+		    ret != -EBUSY) {
 			strata_err("FUSE over io_uring: queue %d: %s", q->qid,
 				   strerror(-ret));
 			break;
 		}
-		e = io_uring_cqe_get_data(cqe);
-		ret = cqe->res;
-		io_uring_cqe_seen(&q->ring, cqe);
-		if (!e)
-			continue;	/* sfs_uring_stop's wake-up */
-		if (ret < 0) {
-			/* the connection is gone (ENOTCONN), or a commit failed */
-			if (ret != -ENOTCONN)
-				strata_err("FUSE over io_uring: queue %d: an "
-					   "entry ended: %s", q->qid,
-					   strerror(-ret));
-			live--;
-			continue;
+		while (going && io_uring_peek_cqe(&q->ring, &cqe) == 0) {
+			struct sfs_uring_ent *e = io_uring_cqe_get_data(cqe);
+			int res = cqe->res;
+
+			io_uring_cqe_seen(&q->ring, cqe);
+			going = sfs_uring_complete(q, e, res, &live);
 		}
-		sfs_uring_serve(q, e);
 	}
+	/* what the last requests answered goes in before the thread ends */
+	io_uring_submit(&q->ring);
 }
 
 static void *sfs_uring_thread(void *arg)
@@ -510,6 +596,7 @@ static void *sfs_uring_thread(void *arg)
 	CPU_ZERO(&set);
 	CPU_SET(q->qid, &set);
 	pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+	sfs_uring_self = q;
 	q->err = sfs_uring_register(q);
 	sem_post(&sfs_uring.set_up);
 	if (q->err == 0)
@@ -523,7 +610,9 @@ static int sfs_uring_queue_init(struct sfs_uring_queue *q, int qid)
 	size_t payload = sfs->uring_payload;
 
 	q->qid = qid;
-	pthread_mutex_init(&q->sq_lock, NULL);
+	q->efd = eventfd(0, EFD_CLOEXEC);
+	if (q->efd < 0)
+		return -errno;
 	/* mapped, not touched: only what requests use becomes resident */
 	q->req_size = sizeof(struct fuse_in_header) +
 		      SFS_FUSE_URING_OP_IN_OUT_SZ + payload;
@@ -567,6 +656,8 @@ int sfs_uring_start(struct fuse_session *se)
 	sfs_uring.q = calloc((size_t)nq, sizeof(*sfs_uring.q));
 	if (!sfs_uring.q)
 		return -ENOMEM;
+	for (int i = 0; i < nq; i++)
+		sfs_uring.q[i].efd = -1;
 	sfs_uring.nq = nq;
 	sfs_uring.se = se;
 	sfs_uring.devfd = fuse_session_fd(se);
@@ -604,21 +695,10 @@ void sfs_uring_stop(void)
 	atomic_store(&sfs_uring.stopping, true);
 	for (int i = 0; i < sfs_uring.nq; i++) {
 		struct sfs_uring_queue *q = &sfs_uring.q[i];
-		struct io_uring_sqe *sqe;
 
 		if (!q->thread_ok)
 			continue;
-		if (q->ring_ok) {
-			/* a completion with no entry wakes the thread */
-			pthread_mutex_lock(&q->sq_lock);
-			sqe = io_uring_get_sqe(&q->ring);
-			if (sqe) {
-				io_uring_prep_nop(sqe);
-				io_uring_sqe_set_data(sqe, NULL);
-				sfs_uring_submit(q);
-			}
-			pthread_mutex_unlock(&q->sq_lock);
-		}
+		eventfd_write(q->efd, 1);
 		pthread_join(q->thread, NULL);
 		q->thread_ok = false;
 	}
@@ -639,7 +719,8 @@ void sfs_uring_free(void)
 			munmap(q->req, q->req_size);
 		if (q->bufs && q->bufs != MAP_FAILED)
 			munmap(q->bufs, q->bufs_size);
-		pthread_mutex_destroy(&q->sq_lock);
+		if (q->efd >= 0)
+			close(q->efd);
 	}
 	if (sfs_uring.q)
 		sem_destroy(&sfs_uring.set_up);
