@@ -238,3 +238,27 @@ def test_a_dead_workers_ring_requests(stratafs_only, enable_uring, tmp_path):
     _live_unions.remove(u)
     u._kill()
     assert lost, "every request a dead worker's ring held was answered"
+
+
+def test_io_uring_disabled_falls_back_to_dev(stratafs_only, enable_uring,
+                                            tmp_path):
+    """kernel.io_uring_disabled=2 (io_uring off for everyone, root too),
+    as a seccomp filter or a missing privilege would: /dev/fuse serves."""
+    disabled = "/proc/sys/kernel/io_uring_disabled"
+    enable_uring("1")
+    with open(disabled) as f:
+        saved = f.read().strip()
+    try:
+        with open(disabled, "w") as f:
+            f.write("2\n")
+        u, stats = mount(stratafs_only, tmp_path, ["transport=uring",
+                                                   "nosupervisor"])
+        churn(u, 20)
+        assert counters(stats)[ST_URING_REQUESTS] == 0
+        u.unmount()
+    finally:
+        with open(disabled, "w") as f:
+            f.write(saved + "\n")
+    err = u.stderr()
+    assert err.count("warning: transport=uring: io_uring refused") == 1, err
+    assert IN_USE not in err
