@@ -14,7 +14,9 @@
  * upper layer's own chown on chown.
  *
  * "-o passthrough" adds FUSE_PASSTHROUGH (see passthrough.c), which
- * libfuse 3.14 does not know either.
+ * libfuse 3.14 does not know either; FUSE over io_uring, the transport
+ * when it can be (uring.c), adds FUSE_OVER_IO_URING (protocol 7.42,
+ * Linux 6.14): with it in the reply, the kernel takes ring entries.
  *
  * The INIT request is the first the kernel sends, before any worker
  * thread runs, so this thread answers it alone: libfuse's reply is
@@ -81,9 +83,12 @@ static uint64_t sfs_handshake_offered(const struct fuse_buf *buf)
 }
 
 /* What to add to libfuse's reply: see the top of the file. */
-static uint64_t sfs_handshake_wanted(uint64_t offered)
+static uint64_t sfs_handshake_wanted(uint64_t offered, bool supervised)
 {
 	uint64_t want = FUSE_HANDLE_KILLPRIV_V2;
+
+	if (sfs_uring_usable(offered, supervised))
+		want |= SFS_FUSE_OVER_IO_URING;
 
 	if (sfs->params.passthrough) {
 		if (offered & SFS_FUSE_PASSTHROUGH)
@@ -120,6 +125,8 @@ static uint64_t sfs_handshake_patch(char *reply, ssize_t len, uint64_t flags)
 	 */
 	if (flags & SFS_FUSE_PASSTHROUGH)
 		init->sfs_max_stack_depth = 1;
+	if (flags & SFS_FUSE_OVER_IO_URING)
+		sfs_uring_agreed(init);
 	return flags;
 }
 
@@ -138,7 +145,7 @@ static int sfs_handshake_keep(const struct fuse_buf *buf)
 	return 0;
 }
 
-int sfs_handshake(struct fuse_session *se)
+int sfs_handshake(struct fuse_session *se, bool supervised)
 {
 	struct fuse_buf buf = { .mem = NULL };
 	struct sfs_capture *cap = NULL;
@@ -152,7 +159,9 @@ int sfs_handshake(struct fuse_session *se)
 	ret = sfs_handshake_keep(&buf);
 	if (ret < 0)
 		goto out;
-	want = sfs_handshake_wanted(sfs_handshake_offered(&buf));
+	want = sfs_handshake_wanted(sfs_handshake_offered(&buf), supervised);
+	/* libfuse's reply must not splice what a ring answers (super.c) */
+	atomic_store(&sfs->uring, (want & SFS_FUSE_OVER_IO_URING) != 0);
 	if (!want) {
 		/* nothing to add: libfuse answers as it always does */
 		fuse_session_process_buf(se, &buf);
@@ -167,6 +176,8 @@ int sfs_handshake(struct fuse_session *se)
 	fuse_session_process_buf(se, &buf);
 	sfs_transport_capture(NULL);
 	added = sfs_handshake_patch(cap->buf, (ssize_t)cap->len, want);
+	if (!(added & SFS_FUSE_OVER_IO_URING))
+		atomic_store(&sfs->uring, false);
 	/*
 	 * Said before the reply goes: the mount is up as soon as the kernel
 	 * has it, and whoever reads the log then must find what was agreed.

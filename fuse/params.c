@@ -32,6 +32,7 @@ static const struct fuse_opt sfs_opt_spec[] = {
 	FUSE_OPT_KEY("upperdir=", KEY_STRING),
 	FUSE_OPT_KEY("workdir=", KEY_STRING),
 	FUSE_OPT_KEY("io=", KEY_STRING),
+	FUSE_OPT_KEY("transport=", KEY_STRING),
 	FUSE_OPT_KEY("timeout=", KEY_STRING),
 	FUSE_OPT_KEY("statsfile=", KEY_STRING),
 	SFS_OPT("userxattr", userxattr),
@@ -68,6 +69,7 @@ static int sfs_opt_string(struct sfs_params *p, const char *arg)
 		{ "upperdir=", offsetof(struct sfs_params, upperdir) },
 		{ "workdir=", offsetof(struct sfs_params, workdir) },
 		{ "io=", offsetof(struct sfs_params, io) },
+		{ "transport=", offsetof(struct sfs_params, transport) },
 		{ "timeout=", offsetof(struct sfs_params, timeout) },
 		{ "statsfile=", offsetof(struct sfs_params, statsfile) },
 	};
@@ -299,6 +301,12 @@ int sfs_params_parse(struct fuse_args *args, struct sfs_params *p)
 			p->io);
 		return -EINVAL;
 	}
+	if (p->transport && strcmp(p->transport, "uring") &&
+	    strcmp(p->transport, "dev")) {
+		fprintf(stderr, "stratafs: transport=%s: expected uring or dev\n",
+			p->transport);
+		return -EINVAL;
+	}
 	if (p->timeout) {
 		char *end;
 		double t = strtod(p->timeout, &end);
@@ -324,6 +332,7 @@ void sfs_params_free(struct sfs_params *p)
 	free(p->upperdir);
 	free(p->workdir);
 	free(p->io);
+	free(p->transport);
 	free(p->timeout);
 	free(p->statsfile);
 	free(p->source);
@@ -409,6 +418,9 @@ void sfs_usage(const char *prog)
 	       "    -o userxattr        keep markers in user.overlay.* xattrs\n"
 	       "    -o io=uring|sync    file I/O engine (default uring; sync where\n"
 	       "                        io_uring is unavailable)\n"
+	       "    -o transport=uring|dev  how requests reach the daemon: FUSE\n"
+	       "                        over io_uring (Linux 6.14+, fuse.enable_uring=1;\n"
+	       "                        the default where it can be) or /dev/fuse\n"
 	       "    -o timeout=SECONDS  how long the kernel may cache names and\n"
 	       "                        attributes (default 86400: nothing changes\n"
 	       "                        the layers behind the daemon; 0 if something does)\n"

@@ -55,6 +55,7 @@ struct sfs_params {
 	char *upperdir;
 	char *workdir;
 	char *io;		/* "uring" (default) or "sync" */
+	char *transport;	/* "uring", "dev", or NULL: uring if it can */
 	char *timeout;		/* kernel cache timeout, seconds */
 	char *statsfile;	/* where counters are exported, or NULL */
 	/* ints, not bools: fuse_opt stores flag options as int */
@@ -257,6 +258,9 @@ struct sfs_fs {
 	atomic_long listed;	/* entries in listings kept on nodes */
 	struct fuse_session *se;
 	atomic_bool passthrough;	/* negotiated, and not refused since */
+	/* FUSE over io_uring agreed in INIT (uring.c), and its payload size */
+	atomic_bool uring;
+	uint32_t uring_payload;
 	atomic_uint file_gen;	/* the next open file's generation */
 	/* replies a dead worker counted lookups for (resend.c) */
 	struct sfs_replying *unreplied[SFS_MAX_THREADS * 2];
@@ -599,12 +603,58 @@ struct sfs_capture {
 };
 
 int sfs_transport_setup(struct fuse_session *se);
+bool sfs_transport_request(int fd, const void *buf, size_t len);
 ssize_t sfs_transport_writev(int fd, struct iovec *iov, int count);
 void sfs_transport_capture(struct sfs_capture *c);
 bool sfs_req_resent(void);
 
+/*
+ * uring.c: FUSE over io_uring. The kernel ABI is protocol 7.42 (Linux
+ * 6.14), newer than bookworm's linux-libc-dev (7.38): transcribed from
+ * include/uapi/linux/fuse.h, under names of our own.
+ */
+#define SFS_FUSE_OVER_IO_URING (1ULL << 41)	/* INIT flags2, bit 9 */
+#define SFS_FUSE_URING_IN_OUT_HEADER_SZ 128
+#define SFS_FUSE_URING_OP_IN_OUT_SZ 128
+/* enum fuse_uring_cmd, in the SQE's cmd_op */
+#define SFS_FUSE_IO_URING_CMD_REGISTER 1
+#define SFS_FUSE_IO_URING_CMD_COMMIT_AND_FETCH 2
+
+/* struct fuse_uring_ent_in_out: the entry's part of the header buffer */
+struct sfs_fuse_uring_ent_in_out {
+	uint64_t flags;
+	uint64_t commit_id;	/* the request's unique, to commit it by */
+	uint32_t payload_sz;	/* bytes of payload, either way */
+	uint32_t padding;
+	uint64_t reserved;
+};
+
+/* struct fuse_uring_req_header: a ring entry's first buffer */
+struct sfs_fuse_uring_req_header {
+	char in_out[SFS_FUSE_URING_IN_OUT_HEADER_SZ];	/* fuse_in/out_header */
+	char op_in[SFS_FUSE_URING_OP_IN_OUT_SZ];	/* the opcode's struct */
+	struct sfs_fuse_uring_ent_in_out ring_ent_in_out;
+};
+
+/* struct fuse_uring_cmd_req: in the SQE128's 80-byte command area */
+struct sfs_fuse_uring_cmd_req {
+	uint64_t flags;
+	uint64_t commit_id;
+	uint16_t qid;
+	uint8_t padding[6];
+};
+
+struct fuse_init_out;
+int sfs_uring_cpus(const char *list);
+bool sfs_uring_usable(uint64_t offered, bool supervised);
+void sfs_uring_agreed(const struct fuse_init_out *o);
+int sfs_uring_start(struct fuse_session *se);
+ssize_t sfs_uring_reply(const struct iovec *iov, int count);
+void sfs_uring_stop(void);
+void sfs_uring_free(void);
+
 /* handshake.c */
-int sfs_handshake(struct fuse_session *se);
+int sfs_handshake(struct fuse_session *se, bool supervised);
 int sfs_handshake_replay(struct fuse_session *se);
 
 /* io.c: all file data moves through here */
@@ -635,7 +685,7 @@ static inline void sfs_count(enum strata_stat what, uint64_t n)
  * (sfs_fs, sfs_node and its parts, sfs_file) is read by the next binary
  * too after an upgrade in place: change one, and bump SFS_SHM_VERSION.
  */
-#define SFS_SHM_VERSION 1
+#define SFS_SHM_VERSION 2
 #define SFS_SHM_CLASSES 28
 /* The shared mapping's size: sparse, so only what is used is resident. */
 #define SFS_SHM_SIZE (64ULL << 30)
@@ -691,7 +741,7 @@ int sfs_fd_each(int (*fn)(int fd, void *arg), void *arg);
 int sfs_fdset_own(struct sfs_fdset *s);
 void sfs_fdset_add(struct sfs_fdset *s, int fd);
 void sfs_fdset_free(struct sfs_fdset *s);
-int sfs_serve(struct fuse_session *se, bool replay);
+int sfs_serve(struct fuse_session *se, bool replay, bool supervised);
 int sfs_worker_run(struct fuse_session *se, const sigset_t *mask,
 		   pid_t supervisor, bool takeover,
 		   const struct sfs_fdset *base);

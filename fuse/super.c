@@ -633,7 +633,8 @@ static void sfs_op_init(void *userdata, struct fuse_conn_info *conn)
 	conn->want &= ~(FUSE_CAP_SPLICE_READ | FUSE_CAP_SPLICE_WRITE |
 			FUSE_CAP_SPLICE_MOVE);
 #else
-	if (conn->capable & FUSE_CAP_SPLICE_WRITE)
+	/* a reply over io_uring is copied into the ring's buffers (uring.c) */
+	if ((conn->capable & FUSE_CAP_SPLICE_WRITE) && !atomic_load(&sfs->uring))
 		conn->want |= FUSE_CAP_SPLICE_WRITE;
 	if (conn->capable & FUSE_CAP_SPLICE_READ)
 		conn->want |= FUSE_CAP_SPLICE_READ;

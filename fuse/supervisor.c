@@ -388,7 +388,7 @@ static int sfs_serve_alone(struct sfs_fs *fs)
 
 	if (fuse_set_signal_handlers(fs->se) != 0)
 		return 1;
-	ret = sfs_serve(fs->se, false);
+	ret = sfs_serve(fs->se, false, false);
 	fuse_remove_signal_handlers(fs->se);
 	return ret;
 }

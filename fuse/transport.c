@@ -9,13 +9,15 @@
  *    its work done already (sfs_req_resent), and for the lookup counts
  *    (resend.c), as is each reply that went out; a FORGET is written
  *    down the moment it is read (resend.c);
+ *  - a request that came over io_uring is answered there (uring.c);
  *  - a reply can be captured instead of sent: the INIT exchange, which a
  *    new worker replays without the kernel ever seeing it (handshake.c).
  *    Swapping /dev/fuse for a pipe under libfuse would not do: the
  *    descriptor table is shared with the supervisor (supervisor.c), and
  *    the connection dies with its last descriptor.
  * The hooks leave libfuse no way to splice requests in, so
- * FUSE_CAP_SPLICE_READ goes; replies are still spliced out.
+ * FUSE_CAP_SPLICE_READ goes; replies are still spliced out, but for
+ * FUSE over io_uring, whose replies go into a ring's buffers (super.c).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -54,21 +56,34 @@ void sfs_transport_capture(struct sfs_capture *c)
 	sfs_capturing = c;
 }
 
+/*
+ * A request came in, from the device or a ring (uring.c): noted for its
+ * handler and the lookup counts. False when it was answered here
+ * (FUSE_TMPFILE), true when it is libfuse's to handle.
+ */
+bool sfs_transport_request(int fd, const void *buf, size_t len)
+{
+	const struct fuse_in_header *in = buf;
+
+	SFS_TSAN_ACQUIRE(&sfs_device_order);
+	if (len < sizeof(*in))
+		return true;
+	sfs_resent = in->unique & SFS_UNIQUE_RESEND;
+	sfs_resend_request(in->unique, sfs_resent);
+	sfs_forget_read(buf, len);
+	if (in->opcode != FUSE_TMPFILE)
+		return true;
+	sfs_tmpfile_request(fd, buf, len);
+	return false;
+}
+
 static ssize_t sfs_hook_read(int fd, void *buf, size_t len, void *userdata)
 {
 	for (;;) {
-		const struct fuse_in_header *in = buf;
 		ssize_t n = read(fd, buf, len);
 
-		SFS_TSAN_ACQUIRE(&sfs_device_order);
-		if (n < (ssize_t)sizeof(*in))
+		if (n < 0 || sfs_transport_request(fd, buf, (size_t)n))
 			return n;
-		sfs_resent = in->unique & SFS_UNIQUE_RESEND;
-		sfs_resend_request(in->unique, sfs_resent);
-		sfs_forget_read(buf, (size_t)n);
-		if (in->opcode != FUSE_TMPFILE)
-			return n;
-		sfs_tmpfile_request(fd, buf, n);
 	}
 }
 
@@ -82,7 +97,14 @@ ssize_t sfs_transport_writev(int fd, struct iovec *iov, int count)
 
 	if (!c) {
 		SFS_TSAN_RELEASE(&sfs_device_order);
-		done = writev(fd, iov, count);
+		/* a request that came over a ring is answered there */
+		done = sfs_uring_reply(iov, count);
+		if (done == -ENOENT)
+			done = writev(fd, iov, count);
+		else if (done < 0) {
+			errno = (int)-done;
+			done = -1;
+		}
 		/* libfuse puts the header alone in the first vector */
 		if (done > 0 && iov[0].iov_len >= sizeof(*out))
 			sfs_resend_replied(out->unique);

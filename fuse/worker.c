@@ -159,8 +159,9 @@ static void sfs_worker_stop(int sig)
 /*
  * Serves requests until the session ends: 0, or 1 for an error. REPLAY:
  * a worker after the first, which takes over the INIT exchange.
+ * SUPERVISED: another worker may follow this one.
  */
-int sfs_serve(struct fuse_session *se, bool replay)
+int sfs_serve(struct fuse_session *se, bool replay, bool supervised)
 {
 	struct fuse_loop_config *cfg;
 	int ret = 1;
@@ -168,11 +169,18 @@ int sfs_serve(struct fuse_session *se, bool replay)
 	/* the completion thread must be in the process that serves */
 	if (sfs_io_init(sfs->params.io) < 0)
 		return 1;
-	if ((replay ? sfs_handshake_replay(se) : sfs_handshake(se)) < 0)
+	if ((replay ? sfs_handshake_replay(se) :
+		      sfs_handshake(se, supervised)) < 0)
 		goto out_io;
+	/*
+	 * The rings carry the requests once they are set up; the device
+	 * still carries FORGET, INTERRUPT and anything before (uring.c).
+	 */
+	if (sfs_uring_start(se) < 0)
+		goto out_uring;
 	cfg = fuse_loop_cfg_create();
 	if (!cfg)
-		goto out_io;
+		goto out_uring;
 	/*
 	 * A cloned descriptor per thread spreads the device's locking; but
 	 * when a worker dies, the kernel fails the requests on descriptors
@@ -185,6 +193,12 @@ int sfs_serve(struct fuse_session *se, bool replay)
 	fuse_loop_cfg_set_idle_threads(cfg, SFS_MAX_THREADS);
 	ret = fuse_session_loop_mt(se, cfg) < 0 ? 1 : 0;
 	fuse_loop_cfg_destroy(cfg);
+out_uring:
+	sfs_uring_stop();
+	/* the engine's last replies may still go to a ring */
+	sfs_io_shutdown();
+	sfs_uring_free();
+	return ret;
 out_io:
 	sfs_io_shutdown();
 	return ret;
@@ -218,7 +232,7 @@ int sfs_worker_run(struct fuse_session *se, const sigset_t *mask,
 	if (fuse_set_signal_handlers(se) < 0 || sigaction(SIGUSR1, &sa, NULL) < 0)
 		return 1;
 	sigprocmask(SIG_SETMASK, mask, NULL);
-	ret = sfs_serve(se, takeover);
+	ret = sfs_serve(se, takeover, true);
 	fuse_remove_signal_handlers(se);
 	sfs_table_leave();
 	if (ret == 0 && sfs_worker_stopped)

@@ -26,6 +26,7 @@ usage() {
 # ---------------------------------------------------------------- options
 QUICK=0 OUT="" ROUNDS="" BACKING=/var/tmp/strata-bench RUNTIME=""
 ONLY_TARGETS="" ONLY_WORKLOADS="" STRATAFS="" REBUILD=0 KEEP=0
+URING_PARAM=/sys/module/fuse/parameters/enable_uring URING_WAS=""
 while [ $# -gt 0 ]; do
 	case $1 in
 	--quick) QUICK=1 ;;
@@ -145,6 +146,7 @@ cleanup() {
 	unmount_all
 	kill_daemons
 	unmount_all
+	[ -n "$URING_WAS" ] && echo "$URING_WAS" >"$URING_PARAM"
 	# A partial report is still worth having after Ctrl-C or a failure.
 	if [ "$REPORTED" = 0 ] && [ -s "$RESULTS" ]; then
 		echo "finished=$FINISHED" >>"$RAW/meta.env"
@@ -331,6 +333,13 @@ mount_target() {
 	do_mount "$t" "$d/upper" "$d/work" "$d/mnt" &&
 		track_daemon "$t" "$d/mnt" || return 1
 	PID[$t]=$LAST_PID
+	# FUSE over io_uring pins a thread to each CPU; none means the daemon
+	# fell back to /dev/fuse, and the target measures that instead
+	if [ "$t" = stratafs-ring ] &&
+		! grep -qx 'Cpus_allowed_list:[[:space:]]*0' \
+			/proc/"$LAST_PID"/task/*/status 2>/dev/null; then
+		log "WARNING: $t is not served over io_uring (see the daemon's log)"
+	fi
 }
 
 # A union target is healthy if its daemon lives and its root can be
@@ -605,6 +614,14 @@ if "$STRATAFS" --help 2>&1 | grep -q 'io='; then
 		TARGETS+=(stratafs-passthrough)
 		OPTS[stratafs-passthrough]=",passthrough"
 	fi
+	# and the two transports, each daemon in one process: supervised,
+	# stratafs is served through /dev/fuse (fuse/uring.c)
+	if "$STRATAFS" --help 2>&1 | grep -q 'transport='; then
+		IO_NOTE="$IO_NOTE; -o transport=uring and =dev (with nosupervisor) are two more"
+		TARGETS+=(stratafs-ring stratafs-dev)
+		OPTS[stratafs-ring]=",transport=uring,nosupervisor"
+		OPTS[stratafs-dev]=",transport=dev,nosupervisor"
+	fi
 else
 	IO_NOTE="stratafs has no -o io= option (yet): one stratafs target, default engine"
 	TARGETS+=(stratafs)
@@ -618,6 +635,12 @@ if [ -n "$ONLY_TARGETS" ]; then
 fi
 log "$IO_NOTE"
 log "targets: ${TARGETS[*]}"
+# FUSE over io_uring needs the module parameter: on for the run, then
+# back to what it was (cleanup)
+if in_list stratafs-ring "$(IFS=,; echo "${TARGETS[*]}")" && [ -e "$URING_PARAM" ]; then
+	URING_WAS=$(cat "$URING_PARAM")
+	echo 1 >"$URING_PARAM"
+fi
 
 sh_version=$(cd "$TOP" && git describe --always --dirty 2>/dev/null || echo unknown)
 {

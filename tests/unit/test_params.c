@@ -97,6 +97,28 @@ static void test_cmdline(void)
 		CHECK_EQ_INT(parse(&p, 4, t_neg), -EINVAL);
 		sfs_params_free(&p);
 	}
+	{
+		char *dev[] = { "stratafs", "-o", "lowerdir=/a,transport=dev", "/m" };
+		char *uring[] = { "stratafs", "-o", "lowerdir=/a,transport=uring", "/m" };
+		char *none[] = { "stratafs", "-o", "lowerdir=/a", "/m" };
+		char *bad[] = { "stratafs", "-o", "lowerdir=/a,transport=fast", "/m" };
+		char *empty[] = { "stratafs", "-o", "lowerdir=/a,transport=", "/m" };
+
+		CHECK_EQ_INT(parse(&p, 4, dev), 0);
+		CHECK_EQ_STR(p.transport, "dev");
+		sfs_params_free(&p);
+		CHECK_EQ_INT(parse(&p, 4, uring), 0);
+		CHECK_EQ_STR(p.transport, "uring");
+		sfs_params_free(&p);
+		/* unset: uring where it can be, decided at INIT (uring.c) */
+		CHECK_EQ_INT(parse(&p, 4, none), 0);
+		CHECK(!p.transport);
+		sfs_params_free(&p);
+		CHECK_EQ_INT(parse(&p, 4, bad), -EINVAL);
+		sfs_params_free(&p);
+		CHECK_EQ_INT(parse(&p, 4, empty), -EINVAL);
+		sfs_params_free(&p);
+	}
 
 	CHECK_EQ_INT(parse(&p, 5, mountfuse), 0);
 	CHECK_EQ_STR(p.source, "src");

@@ -257,6 +257,8 @@ def report(out):
         cols += [(t, "fuse-overlayfs") for t in strata]
     if "stratafs-uring" in targets and "stratafs-sync" in targets:
         cols.append(("stratafs-uring", "stratafs-sync"))
+    if "stratafs-ring" in targets and "stratafs-dev" in targets:
+        cols.append(("stratafs-ring", "stratafs-dev"))
     if cols:
         L.append("## Relative speed")
         L.append("")
@@ -345,7 +347,8 @@ def chart(out, metrics, targets, med, quick, meta):
         title += " — QUICK MODE, not for comparison"
     colors = {"native": "#999999", "fuse-overlayfs": "#e69f00",
               "stratafs": "#0072b2", "stratafs-uring": "#0072b2",
-              "stratafs-sync": "#56b4e9", "stratafs-passthrough": "#009e73"}
+              "stratafs-sync": "#56b4e9", "stratafs-passthrough": "#009e73",
+              "stratafs-ring": "#cc79a7", "stratafs-dev": "#d55e00"}
     # Bars start at 1 (the kernel) and go up when faster, down when
     # slower: boxxyerror with explicit x and y extents, since gnuplot's
     # histogram style always starts bars at the bottom of the axis.
