@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * uring.c: FUSE over io_uring, the transport (Linux 6.14+, protocol
  * 7.42, CONFIG_FUSE_IO_URING, module parameter fuse.enable_uring=1).

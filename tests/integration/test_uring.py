@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """FUSE over io_uring as the transport (fuse/uring.c, -o transport=).
 
 That requests really come over the rings (the daemon's counter of them,

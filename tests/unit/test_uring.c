@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * uring.c: what runs without a mount. The CPU list the kernel sizes its
  * queues by, and a reply to a request no ring holds, which must go on
