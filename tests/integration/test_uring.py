@@ -78,9 +78,16 @@ def churn(u, n):
 
 
 def uring_fds(pid):
+    """The io_uring descriptors of pid; one closed while listed is none."""
     d = f"/proc/{pid}/fd"
-    return [fd for fd in os.listdir(d)
-            if os.readlink(os.path.join(d, fd)) == "anon_inode:[io_uring]"]
+    out = []
+    for fd in os.listdir(d):
+        try:
+            if os.readlink(os.path.join(d, fd)) == "anon_inode:[io_uring]":
+                out.append(fd)
+        except FileNotFoundError:
+            pass
+    return out
 
 
 def mount(factory, tmp_path, opts, env=None):
