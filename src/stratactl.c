@@ -56,41 +56,6 @@
 /* list-volumes --all: a plugin whose tokens never end is broken */
 #define CTL_MAX_PAGES 100000
 
-enum ctl_exit {
-	CTL_EXIT_OK = 0,
-	CTL_EXIT_FAIL = 1,
-	CTL_EXIT_USAGE = 2,
-};
-
-/* Option ids: getopt_long's val; the long options have no short form. */
-enum ctl_opt {
-	CTL_OPT_END = 0,
-	CTL_OPT_HELP = 'h',
-	CTL_OPT_ENDPOINT = 256,
-	CTL_OPT_JSON,
-	CTL_OPT_TIMEOUT,
-	CTL_OPT_VERSION,
-	CTL_OPT_LAYERS,
-	CTL_OPT_CAPACITY,
-	CTL_OPT_LIMIT,
-	CTL_OPT_PARAM,
-	CTL_OPT_ACCESS_MODE,
-	CTL_OPT_BLOCK,
-	CTL_OPT_SECRET,
-	CTL_OPT_MAX_ENTRIES,
-	CTL_OPT_STARTING_TOKEN,
-	CTL_OPT_ALL,
-	CTL_OPT_STAGING_PATH,
-	CTL_OPT_TARGET,
-	CTL_OPT_PATH,
-	CTL_OPT_READONLY,
-	CTL_OPT_MOUNT_FLAG,
-	CTL_OPT_MOUNT_GROUP,
-	CTL_OPT_FS_TYPE,
-	CTL_OPT_CONTEXT,
-	CTL_OPT_WAIT,
-};
-
 static const struct option ctl_options[] = {
 	{ "help", no_argument, NULL, CTL_OPT_HELP },
 	{ "endpoint", required_argument, NULL, CTL_OPT_ENDPOINT },
@@ -126,49 +91,6 @@ static const int ctl_common_opts[] = {
 	CTL_OPT_END,
 };
 
-struct ctl_kv {
-	const char *key;
-	const char *value;
-};
-
-struct ctl_kvs {
-	int n;
-	struct ctl_kv *v;
-};
-
-struct ctl_strv {
-	int n;
-	const char **v;
-};
-
-/* Everything any command takes; each command reads its own part. */
-struct ctl_args {
-	int npos;
-	char **pos;
-	const char *layers;
-	int64_t capacity;	/* -1: not given */
-	int64_t limit;		/* -1: not given */
-	struct ctl_kvs params;
-	int access_mode;	/* 0: not given (SINGLE_NODE_WRITER) */
-	bool block;
-	struct ctl_kvs secrets;
-	int32_t max_entries;
-	const char *starting_token;
-	bool all;
-	const char *staging;
-	const char *target;
-	const char *path;
-	bool readonly;
-	struct ctl_strv mount_flags;
-	const char *mount_group;
-	const char *fs_type;
-	struct ctl_kvs context;
-	int wait_ms;		/* probe --wait; -1: not given */
-};
-
-/* What is `offset` bytes into m (a struct or a message), as a `type`. */
-#define CTL_AT(m, offset, type) (*(type *)((char *)(m) + (offset)))
-
 /*
  * The options that keep only what they are given, and where: a string
  * pointed at as it is, or a flag raised. The others parse their value in
@@ -191,72 +113,6 @@ static const struct ctl_slot {
 	{ CTL_OPT_FS_TYPE, offsetof(struct ctl_args, fs_type), false },
 };
 
-struct ctl;
-
-typedef void (*ctl_text_fn)(struct ctl *ctl, const ProtobufCMessage *reply);
-
-/* Whether a request carries the volume capability of the options. */
-enum ctl_cap {
-	CTL_CAP_NONE = 0,
-	CTL_CAP_ALWAYS,
-	CTL_CAP_ASKED,		/* only with --access-mode or --block */
-};
-
-/*
- * A command: its help, what it takes, and the RPC it makes. ctl_run()
- * makes the call from the fields below `method`; `run` replaces it where
- * one call is not enough (list-volumes --all).
- */
-struct ctl_cmd {
-	const char *name;
-	const char *synopsis;	/* what follows the name */
-	const char *summary;
-	const char *options;	/* the option lines of `COMMAND --help` */
-	const int *opts;	/* the options it takes besides the common ones; NULL: none */
-	const int *need;	/* those of them it cannot do without; NULL: none */
-	int min_pos, max_pos;	/* positional arguments */
-
-	const char *method;	/* "/csi.v1.Node/NodeGetInfo" */
-	const ProtobufCMessageDescriptor *request, *reply;
-	const char *arg;	/* the request field the argument fills */
-	enum ctl_cap cap;
-	/* What only this request has; returns 0 or an exit code. */
-	int (*build)(struct ctl *ctl, ProtobufCMessage *req);
-	ctl_text_fn text;	/* the readable reply */
-	/* The exit code a reply means (probe, validate); NULL: 0. */
-	int (*verdict)(const ProtobufCMessage *reply);
-	/* ctl_text_done: "<done> ID[ <done_prep> <done_opt's value>]" */
-	const char *done, *done_prep;
-	int done_opt;
-	int (*run)(struct ctl *ctl);
-	/* The progress line while a call takes long, after "NAME ID: ". */
-	const char *waiting;
-};
-
-/* The RPC of a command: its path and the descriptors of its messages. */
-#define CTL_RPC(service, rpc, msg)                                         \
-	.method = "/csi.v1." #service "/" #rpc,                            \
-	.request = &csi__v1__##msg##_request__descriptor,                  \
-	.reply = &csi__v1__##msg##_response__descriptor
-/* The same for Strata's own Admin service (csi/admin.proto). */
-#define CTL_ADMIN_RPC(rpc, msg)                                            \
-	.method = "/strata.v1.Admin/" #rpc,                                \
-	.request = &strata__v1__##msg##_request__descriptor,               \
-	.reply = &strata__v1__##msg##_response__descriptor
-
-struct ctl {
-	const char *endpoint;
-	bool json;
-	bool no_such_volume;	/* delete-volume: there was nothing to delete */
-	int timeout_ms;
-	const struct ctl_cmd *cmd;
-	struct csi_client *client;
-	struct ctl_args a;
-	/* Request parts live until exit; freed together. */
-	void **pool;
-	size_t npool, pool_size;
-};
-
 /* ---- small helpers ---------------------------------------------------- */
 
 void ctl_oom(void)
@@ -266,7 +122,7 @@ void ctl_oom(void)
 }
 
 /* Zeroed memory freed by ctl_pool_free(): a request is built, sent, gone. */
-static void *ctl_alloc(struct ctl *ctl, size_t size)
+void *ctl_alloc(struct ctl *ctl, size_t size)
 {
 	void *p;
 
@@ -302,10 +158,7 @@ static void ctl_pool_free(struct ctl *ctl)
 	ctl->npool = ctl->pool_size = 0;
 }
 
-static int ctl_usage_error(struct ctl *ctl, const char *fmt, ...)
-	__attribute__((format(printf, 2, 3)));
-
-static int ctl_usage_error(struct ctl *ctl, const char *fmt, ...)
+int ctl_usage_error(struct ctl *ctl, const char *fmt, ...)
 {
 	va_list ap;
 
@@ -1465,6 +1318,27 @@ static const struct ctl_cmd ctl_cmds[] = {
 		CTL_ID, CTL_ADMIN_RPC(InspectVolume, inspect_volume),
 		.text = ctl_text_volume_inspect,
 	},
+	{
+		.name = "layer import", .synopsis = "NAME FILE",
+		.summary = "make layer NAME from a tar, tar.gz, tar.zst (or .xz, .bz2) or OCI image layer that the plugin reads at FILE; OCI whiteouts become overlayfs ones (strata.v1.Admin/ImportLayer)",
+		.min_pos = 2, .max_pos = 2,
+		CTL_ADMIN_RPC(ImportLayer, import_layer),
+		.build = ctl_build_import_layer, .text = ctl_text_import_layer,
+		.waiting = "extracting in the plugin",
+	},
+	{
+		.name = "layer list", .synopsis = "",
+		.summary = "every layer: its size, entries and the volumes that use it (strata.v1.Admin/ListLayers)",
+		CTL_ADMIN_RPC(ListLayers, list_layers),
+		.text = ctl_text_list_layers,
+	},
+	{
+		.name = "layer rm", .synopsis = "NAME",
+		.summary = "remove a layer no volume uses (strata.v1.Admin/DeleteLayer)",
+		.min_pos = 1, .max_pos = 1, .arg = "name",
+		CTL_ADMIN_RPC(DeleteLayer, delete_layer),
+		.text = ctl_text_delete_layer,
+	},
 };
 #define CTL_NCMDS (sizeof(ctl_cmds) / sizeof(*ctl_cmds))
 
@@ -1513,12 +1387,45 @@ static void ctl_cmd_help(const struct ctl_cmd *cmd)
 	printf("\n--endpoint, --json and --timeout are taken here too; see '" CTL_PROG " --help'.\n");
 }
 
-/* `stratactl volume --help`: the commands that start with "volume ". */
-static void ctl_volume_help(void)
+/* The commands of two words: "volume list", "layer import NAME FILE". */
+static const char *const ctl_groups[] = { "volume", "layer", NULL };
+
+static bool ctl_is_group(const char *name)
 {
-	printf("usage: " CTL_PROG " [--endpoint EP] [--json] [--timeout SECONDS] volume SUBCOMMAND\n\n");
+	for (const char *const *g = ctl_groups; *g; g++)
+		if (!strcmp(*g, name))
+			return true;
+	return false;
+}
+
+static bool ctl_in_group(const struct ctl_cmd *cmd, const char *group)
+{
+	size_t len = strlen(group);
+
+	return !strncmp(cmd->name, group, len) && cmd->name[len] == ' ';
+}
+
+/* "volume list, volume inspect ID": a group's commands, for messages. */
+static void ctl_group_list(const char *group, char *buf, size_t size)
+{
+	size_t len = 0;
+
+	buf[0] = '\0';
+	for (size_t i = 0; i < CTL_NCMDS && len < size; i++)
+		if (ctl_in_group(&ctl_cmds[i], group))
+			len += snprintf(buf + len, size - len, "%s%s%s%s",
+					len ? ", " : "", ctl_cmds[i].name,
+					*ctl_cmds[i].synopsis ? " " : "",
+					ctl_cmds[i].synopsis);
+}
+
+/* `stratactl volume --help`: the commands that start with "volume ". */
+static void ctl_group_help(const char *group)
+{
+	printf("usage: " CTL_PROG " [--endpoint EP] [--json] [--timeout SECONDS] %s SUBCOMMAND\n\n",
+	       group);
 	for (size_t i = 0; i < CTL_NCMDS; i++)
-		if (!strncmp(ctl_cmds[i].name, "volume ", 7))
+		if (ctl_in_group(&ctl_cmds[i], group))
 			printf("  %s%s%s\n      %s.\n", ctl_cmds[i].name,
 			       *ctl_cmds[i].synopsis ? " " : "",
 			       ctl_cmds[i].synopsis, ctl_cmds[i].summary);
@@ -1755,32 +1662,34 @@ int main(int argc, char **argv)
 
 		if (cmd)
 			ctl_cmd_help(cmd);
-		else if (optind + 1 < argc && !strcmp(argv[optind + 1], "volume"))
-			ctl_volume_help();
+		else if (optind + 1 < argc && ctl_is_group(argv[optind + 1]))
+			ctl_group_help(argv[optind + 1]);
 		else
 			ctl_help(stdout);
 		ret = -1;
 		goto out;
 	}
-	/* "volume list", "volume inspect ID": a command of two words */
-	if (strcmp(name, "volume") == 0) {
-		char two[64];
+	/* "volume list", "layer rm NAME": a command of two words */
+	if (ctl_is_group(name)) {
+		char two[64], list[256];
 
+		ctl_group_list(name, list, sizeof(list));
 		if (optind + 1 < argc && (!strcmp(argv[optind + 1], "--help") ||
 					  !strcmp(argv[optind + 1], "-h"))) {
-			ctl_volume_help();
+			ctl_group_help(name);
 			ret = -1;
 			goto out;
 		}
 		if (optind + 1 >= argc || argv[optind + 1][0] == '-') {
-			ret = ctl_usage_error(&ctl, "volume takes a subcommand: volume list, volume inspect ID");
+			ret = ctl_usage_error(&ctl, "%s takes a subcommand: %s",
+					      name, list);
 			goto out;
 		}
-		snprintf(two, sizeof(two), "volume %s", argv[optind + 1]);
+		snprintf(two, sizeof(two), "%s %s", name, argv[optind + 1]);
 		ctl.cmd = ctl_cmd_find(two);
 		if (!ctl.cmd) {
-			ret = ctl_usage_error(&ctl, "unknown command 'volume %s' (volume list, volume inspect ID)",
-					      argv[optind + 1]);
+			ret = ctl_usage_error(&ctl, "unknown command '%s %s' (%s)",
+					      name, argv[optind + 1], list);
 			goto out;
 		}
 		optind++;
