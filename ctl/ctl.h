@@ -2,9 +2,9 @@
 /*
  * stratactl internals: what its files share.
  *
- * stratactl.c reads the command line, builds the request, makes the call
- * and prints the reply as readable lines; ctl_json.c prints a reply as
- * JSON instead (--json); ctl_volume.c prints the Admin service's volume
+ * stratactl.c reads the command line, holds the command table and builds
+ * the requests; ctl_call.c makes the call; ctl_text.c prints the reply
+ * as readable lines, ctl_json.c as JSON instead (--json); ctl_volume.c prints the Admin service's volume
  * states; ctl_layer.c the layer commands' requests and replies;
  * ctl_progress.c shows a long call's progress on a terminal.
  */
@@ -18,6 +18,7 @@
 #include <protobuf-c/protobuf-c.h>
 
 #include "admin.pb-c.h"
+#include "csi.h"
 
 #define CTL_PROG "stratactl"
 
@@ -170,6 +171,39 @@ void ctl_oom(void) __attribute__((noreturn));
 void *ctl_alloc(struct ctl *ctl, size_t size);
 int ctl_usage_error(struct ctl *ctl, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
+const char *ctl_enum_name(const ProtobufCEnumDescriptor *d, int value);
+const ProtobufCFieldDescriptor *ctl_field(const ProtobufCMessage *m,
+					  const char *name, ProtobufCType type);
+const char *ctl_opt_value(const struct ctl_args *a, int id);
+
+/* ctl_call.c: one call to the plugin */
+int ctl_call_quiet(struct ctl *ctl, const char *method,
+		   const ProtobufCMessage *req,
+		   const ProtobufCMessageDescriptor *out_desc,
+		   ProtobufCMessage **out, enum csi_code *code, char **details,
+		   int timeout_ms);
+int ctl_call(struct ctl *ctl, const char *method, const ProtobufCMessage *req,
+	     const ProtobufCMessageDescriptor *out_desc, ProtobufCMessage **out);
+
+/* ctl_text.c: the readable replies, and the verdicts of yes-or-no ones */
+void ctl_text_done(struct ctl *ctl, const ProtobufCMessage *reply);
+void ctl_text_info(struct ctl *ctl, const ProtobufCMessage *reply);
+void ctl_text_plugin_caps(struct ctl *ctl, const ProtobufCMessage *reply);
+void ctl_text_rpc_caps(struct ctl *ctl, const ProtobufCMessage *reply);
+bool ctl_probe_ready(const ProtobufCMessage *reply);
+void ctl_text_probe(struct ctl *ctl, const ProtobufCMessage *reply);
+int ctl_verdict_probe(const ProtobufCMessage *reply);
+void ctl_text_create_volume(struct ctl *ctl, const ProtobufCMessage *reply);
+void ctl_text_validate(struct ctl *ctl, const ProtobufCMessage *reply);
+int ctl_verdict_validate(const ProtobufCMessage *reply);
+void ctl_text_list_volumes(struct ctl *ctl, const ProtobufCMessage *reply);
+void ctl_text_capacity(struct ctl *ctl, const ProtobufCMessage *reply);
+void ctl_text_stats(struct ctl *ctl, const ProtobufCMessage *reply);
+void ctl_text_replace_worker(struct ctl *ctl, const ProtobufCMessage *reply);
+void ctl_text_node_info(struct ctl *ctl, const ProtobufCMessage *reply);
+void ctl_text_delete(struct ctl *ctl, const ProtobufCMessage *reply);
+void ctl_text_volume_list(struct ctl *ctl, const ProtobufCMessage *reply);
+void ctl_text_volume_inspect(struct ctl *ctl, const ProtobufCMessage *reply);
 
 /* ctl_layer.c: layer import, list, rm */
 int ctl_build_import_layer(struct ctl *ctl, ProtobufCMessage *req);

@@ -290,7 +290,7 @@ static void ctl_strv_add(struct ctl *ctl, struct ctl_strv *sv, const char *s)
 	sv->v = nv;
 }
 
-static const char *ctl_enum_name(const ProtobufCEnumDescriptor *d, int value)
+const char *ctl_enum_name(const ProtobufCEnumDescriptor *d, int value)
 {
 	const ProtobufCEnumValue *ev = protobuf_c_enum_descriptor_get_value(d, value);
 
@@ -306,7 +306,7 @@ static const struct ctl_slot *ctl_slot(int id)
 }
 
 /* The value a string option left in ctl->a; NULL or "" when not given. */
-static const char *ctl_opt_value(const struct ctl_args *a, int id)
+const char *ctl_opt_value(const struct ctl_args *a, int id)
 {
 	const struct ctl_slot *slot = ctl_slot(id);
 
@@ -321,7 +321,7 @@ static const char *ctl_opt_value(const struct ctl_args *a, int id)
  * The field `name` of m, of protobuf-c type `type`. The names are this
  * file's, not input: one that the message lacks is a bug, not a request.
  */
-static const ProtobufCFieldDescriptor *ctl_field(const ProtobufCMessage *m,
+const ProtobufCFieldDescriptor *ctl_field(const ProtobufCMessage *m,
 						 const char *name,
 						 ProtobufCType type)
 {
@@ -468,142 +468,6 @@ static void ctl_fill(struct ctl *ctl, ProtobufCMessage *req)
 	ctl_map_set(ctl, req, "secrets", &a->secrets);
 }
 
-/* ---- the call --------------------------------------------------------- */
-
-/*
- * One call, quiet: 0 with *code and *details (malloc'd; free it) when a
- * status arrived, *out set on CSI_OK; a negative errno when no call could
- * be made. A command with a `waiting` text shows it as progress.
- */
-static int ctl_call_quiet(struct ctl *ctl, const char *method,
-			  const ProtobufCMessage *req,
-			  const ProtobufCMessageDescriptor *out_desc,
-			  ProtobufCMessage **out, enum csi_code *code,
-			  char **details, int timeout_ms)
-{
-	struct ctl_progress *pg = NULL;
-	int ret;
-
-	*out = NULL;
-	*details = NULL;
-	if (!ctl->client) {
-		ret = csi_client_open(ctl->endpoint, &ctl->client);
-		if (ret < 0)
-			return ret;
-	}
-	if (ctl->cmd->waiting) {
-		char what[256];
-
-		snprintf(what, sizeof(what), "%s%s%s: %s", ctl->cmd->name,
-			 ctl->a.npos ? " " : "", ctl->a.npos ? ctl->a.pos[0] : "",
-			 ctl->cmd->waiting);
-		pg = ctl_progress_start(what);
-	}
-	ret = csi_client_call(ctl->client, method, req, out_desc, out, code,
-			      details, timeout_ms);
-	ctl_progress_stop(pg);
-	return ret;
-}
-
-/* The error of a call that was made, on stderr, with a hint when useful. */
-static void ctl_print_status(struct ctl *ctl, const char *method,
-			     enum csi_code code, const char *details)
-{
-	fprintf(stderr, CTL_PROG ": %s: %s\n", csi_code_name(code),
-		details && *details ? details : "(no message)");
-	if (code == CSI_UNAVAILABLE)
-		fprintf(stderr, CTL_PROG ": is a CSI plugin listening on %s?\n",
-			ctl->endpoint);
-	else if (code == CSI_DEADLINE_EXCEEDED)
-		fprintf(stderr, CTL_PROG ": no reply to %s within %d ms (see --timeout)\n",
-			method, ctl->timeout_ms);
-}
-
-/*
- * One call; prints the error itself. Returns CTL_EXIT_OK with *out set,
- * or the exit code to leave with.
- */
-static int ctl_call(struct ctl *ctl, const char *method,
-		    const ProtobufCMessage *req,
-		    const ProtobufCMessageDescriptor *out_desc,
-		    ProtobufCMessage **out)
-{
-	enum csi_code code;
-	char *details = NULL;
-	int ret;
-
-	ret = ctl_call_quiet(ctl, method, req, out_desc, out, &code, &details,
-			     ctl->timeout_ms);
-	if (ret < 0) {
-		if (!ctl->client)
-			fprintf(stderr, CTL_PROG ": cannot open %s: %s\n",
-				ctl->endpoint, strerror(-ret));
-		else
-			fprintf(stderr, CTL_PROG ": %s on %s failed: %s\n",
-				method, ctl->endpoint, strerror(-ret));
-		return CTL_EXIT_FAIL;
-	}
-	if (code != CSI_OK) {
-		ctl_print_status(ctl, method, code, details);
-		free(details);
-		return CTL_EXIT_FAIL;
-	}
-	free(details);
-	return CTL_EXIT_OK;
-}
-
-/* ---- readable output -------------------------------------------------- */
-
-static void ctl_print_map(const char *sep, size_t n, void *const *entries)
-{
-	for (size_t i = 0; i < n; i++) {
-		const struct csi_map_entry *e = entries[i];
-
-		printf("%s%s=%s", sep, e->key, e->value);
-	}
-}
-
-/* "volume sv-... capacity 1073741824 layers a,b": one line per volume */
-static void ctl_print_volume(const Csi__V1__Volume *v)
-{
-	if (!v) {
-		printf("volume (none)");
-		return;
-	}
-	printf("volume %s capacity %" PRId64, v->volume_id, v->capacity_bytes);
-	/* "-" for an empty value, which would leave two keys side by side */
-	for (size_t i = 0; i < v->n_volume_context; i++)
-		printf(" %s %s", v->volume_context[i]->key,
-		       *v->volume_context[i]->value ?
-			       v->volume_context[i]->value : "-");
-	if (v->content_source) {
-		const Csi__V1__VolumeContentSource *cs = v->content_source;
-
-		if (cs->type_case == CSI__V1__VOLUME_CONTENT_SOURCE__TYPE_SNAPSHOT &&
-		    cs->snapshot)
-			printf(" source snapshot %s", cs->snapshot->snapshot_id);
-		else if (cs->type_case == CSI__V1__VOLUME_CONTENT_SOURCE__TYPE_VOLUME &&
-			 cs->volume)
-			printf(" source volume %s", cs->volume->volume_id);
-	}
-	for (size_t i = 0; i < v->n_accessible_topology; i++)
-		ctl_print_map(" topology ",
-			      v->accessible_topology[i]->n_segments,
-			      (void *const *)v->accessible_topology[i]->segments);
-}
-
-static void ctl_print_condition(const Csi__V1__VolumeCondition *c)
-{
-	if (!c)
-		return;
-	if (c->abnormal)
-		printf("condition abnormal: %s\n", c->message);
-	else if (*c->message)
-		printf("condition normal: %s\n", c->message);
-	else
-		printf("condition normal\n");
-}
-
 /* ---- commands --------------------------------------------------------- */
 
 /*
@@ -638,110 +502,6 @@ static int ctl_run(struct ctl *ctl)
 	return ret;
 }
 
-/* The commands whose reply is empty say what was done: "staged ID at P". */
-static void ctl_text_done(struct ctl *ctl, const ProtobufCMessage *reply)
-{
-	const struct ctl_cmd *cmd = ctl->cmd;
-
-	printf("%s %s", cmd->done, ctl->a.pos[0]);
-	if (cmd->done_prep)
-		printf(" %s %s", cmd->done_prep,
-		       ctl_opt_value(&ctl->a, cmd->done_opt));
-	printf("%s\n", ctl->a.readonly ? " read-only" : "");
-}
-
-static void ctl_text_info(struct ctl *ctl, const ProtobufCMessage *reply)
-{
-	const Csi__V1__GetPluginInfoResponse *r =
-		(const Csi__V1__GetPluginInfoResponse *)reply;
-
-	printf("name %s\n", r->name);
-	printf("vendor_version %s\n", r->vendor_version);
-	for (size_t i = 0; i < r->n_manifest; i++)
-		printf("manifest %s=%s\n", r->manifest[i]->key,
-		       r->manifest[i]->value);
-}
-
-static void ctl_text_plugin_caps(struct ctl *ctl, const ProtobufCMessage *reply)
-{
-	const Csi__V1__GetPluginCapabilitiesResponse *r =
-		(const Csi__V1__GetPluginCapabilitiesResponse *)reply;
-
-	for (size_t i = 0; i < r->n_capabilities; i++) {
-		const Csi__V1__PluginCapability *c = r->capabilities[i];
-
-		if (c->type_case == CSI__V1__PLUGIN_CAPABILITY__TYPE_SERVICE &&
-		    c->service)
-			printf("%s\n", ctl_enum_name(
-				&csi__v1__plugin_capability__service__type__descriptor,
-				c->service->type));
-		else if (c->type_case == CSI__V1__PLUGIN_CAPABILITY__TYPE_VOLUME_EXPANSION &&
-			 c->volume_expansion)
-			printf("VOLUME_EXPANSION_%s\n", ctl_enum_name(
-				&csi__v1__plugin_capability__volume_expansion__type__descriptor,
-				c->volume_expansion->type));
-		else
-			printf("UNKNOWN\n");
-	}
-}
-
-/*
- * ControllerGetCapabilities and NodeGetCapabilities answer alike: a list
- * of `capabilities`, each a oneof whose `rpc` holds a `type` enum. The
- * descriptors say where each lives, so one printer serves both.
- */
-static void ctl_text_rpc_caps(struct ctl *ctl, const ProtobufCMessage *reply)
-{
-	const ProtobufCFieldDescriptor *fcaps, *frpc, *ftype;
-	const ProtobufCMessage *const *caps;
-	size_t n;
-
-	fcaps = ctl_field(reply, "capabilities", PROTOBUF_C_TYPE_MESSAGE);
-	n = CTL_AT(reply, fcaps->quantifier_offset, const size_t);
-	caps = CTL_AT(reply, fcaps->offset, const ProtobufCMessage *const *const);
-	for (size_t i = 0; i < n; i++) {
-		const ProtobufCMessage *c = caps[i], *rpc;
-		const char *name = "UNKNOWN";
-
-		frpc = ctl_field(c, "rpc", PROTOBUF_C_TYPE_MESSAGE);
-		rpc = CTL_AT(c, frpc->offset, const ProtobufCMessage *const);
-		if (CTL_AT(c, frpc->quantifier_offset, const uint32_t) ==
-			    frpc->id && rpc) {
-			ftype = ctl_field(rpc, "type", PROTOBUF_C_TYPE_ENUM);
-			name = ctl_enum_name(ftype->descriptor,
-					     CTL_AT(rpc, ftype->offset, const int));
-		}
-		printf("%s\n", name);
-	}
-}
-
-/* The spec: an absent `ready` means ready. */
-static bool ctl_probe_ready(const ProtobufCMessage *reply)
-{
-	const Csi__V1__ProbeResponse *r = (const Csi__V1__ProbeResponse *)reply;
-
-	return !r->ready || r->ready->value;
-}
-
-static void ctl_text_probe(struct ctl *ctl, const ProtobufCMessage *reply)
-{
-	printf("%s\n", ctl_probe_ready(reply) ? "ready" : "not ready");
-}
-
-static int ctl_verdict_probe(const ProtobufCMessage *reply)
-{
-	return ctl_probe_ready(reply) ? CTL_EXIT_OK : CTL_EXIT_FAIL;
-}
-
-static void ctl_text_create_volume(struct ctl *ctl, const ProtobufCMessage *reply)
-{
-	const Csi__V1__CreateVolumeResponse *r =
-		(const Csi__V1__CreateVolumeResponse *)reply;
-
-	ctl_print_volume(r->volume);
-	printf("\n");
-}
-
 /* CreateVolume's own: the capacity range, and --layers as a parameter. */
 static int ctl_build_create_volume(struct ctl *ctl, ProtobufCMessage *req)
 {
@@ -762,78 +522,6 @@ static int ctl_build_create_volume(struct ctl *ctl, ProtobufCMessage *req)
 		ctl_kvs_put(ctl, &a->params, "layers", a->layers);
 	}
 	return 0;
-}
-
-static void ctl_print_capability(const Csi__V1__VolumeCapability *c)
-{
-	const char *mode = "UNKNOWN";
-
-	if (c->access_mode)
-		mode = ctl_enum_name(
-			&csi__v1__volume_capability__access_mode__mode__descriptor,
-			c->access_mode->mode);
-	if (c->access_type_case == CSI__V1__VOLUME_CAPABILITY__ACCESS_TYPE_BLOCK) {
-		printf(" %s block", mode);
-	} else if (c->access_type_case == CSI__V1__VOLUME_CAPABILITY__ACCESS_TYPE_MOUNT &&
-		   c->mount) {
-		printf(" %s mount", mode);
-		if (*c->mount->fs_type)
-			printf(" fs_type %s", c->mount->fs_type);
-		if (*c->mount->volume_mount_group)
-			printf(" mount_group %s", c->mount->volume_mount_group);
-	} else {
-		printf(" %s", mode);
-	}
-}
-
-static void ctl_text_validate(struct ctl *ctl, const ProtobufCMessage *reply)
-{
-	const Csi__V1__ValidateVolumeCapabilitiesResponse *r =
-		(const Csi__V1__ValidateVolumeCapabilitiesResponse *)reply;
-
-	if (r->confirmed) {
-		printf("confirmed");
-		for (size_t i = 0; i < r->confirmed->n_volume_capabilities; i++)
-			ctl_print_capability(r->confirmed->volume_capabilities[i]);
-		printf("%s%s\n", *r->message ? ": " : "", r->message);
-	} else {
-		printf("not confirmed%s%s\n", *r->message ? ": " : "",
-		       r->message);
-	}
-}
-
-static int ctl_verdict_validate(const ProtobufCMessage *reply)
-{
-	const Csi__V1__ValidateVolumeCapabilitiesResponse *r =
-		(const Csi__V1__ValidateVolumeCapabilitiesResponse *)reply;
-
-	return r->confirmed ? CTL_EXIT_OK : CTL_EXIT_FAIL;
-}
-
-static void ctl_print_entry(const Csi__V1__ListVolumesResponse__Entry *e)
-{
-	ctl_print_volume(e->volume);
-	if (e->status) {
-		const Csi__V1__ListVolumesResponse__VolumeStatus *st = e->status;
-
-		for (size_t i = 0; i < st->n_published_node_ids; i++)
-			printf("%s%s", i ? "," : " published ",
-			       st->published_node_ids[i]);
-		if (st->volume_condition && st->volume_condition->abnormal)
-			printf(" abnormal: %s", st->volume_condition->message);
-	}
-	printf("\n");
-}
-
-static void ctl_text_list_volumes(struct ctl *ctl, const ProtobufCMessage *reply)
-{
-	const Csi__V1__ListVolumesResponse *r =
-		(const Csi__V1__ListVolumesResponse *)reply;
-
-	for (size_t i = 0; i < r->n_entries; i++)
-		ctl_print_entry(r->entries[i]);
-	if (!ctl->a.all && *r->next_token)
-		printf("next_token %s\n", r->next_token);
 }
 
 /*
@@ -906,76 +594,6 @@ static int ctl_list_volumes(struct ctl *ctl)
 	}
 	free(token);
 	return ret;
-}
-
-static void ctl_text_capacity(struct ctl *ctl, const ProtobufCMessage *reply)
-{
-	const Csi__V1__GetCapacityResponse *r =
-		(const Csi__V1__GetCapacityResponse *)reply;
-
-	printf("available_capacity %" PRId64 "\n", r->available_capacity);
-	if (r->maximum_volume_size)
-		printf("maximum_volume_size %" PRId64 "\n",
-		       r->maximum_volume_size->value);
-	if (r->minimum_volume_size)
-		printf("minimum_volume_size %" PRId64 "\n",
-		       r->minimum_volume_size->value);
-}
-
-static void ctl_text_stats(struct ctl *ctl, const ProtobufCMessage *reply)
-{
-	const Csi__V1__NodeGetVolumeStatsResponse *r =
-		(const Csi__V1__NodeGetVolumeStatsResponse *)reply;
-
-	printf("%-8s %20s %20s %20s\n", "UNIT", "TOTAL", "USED",
-	       "AVAILABLE");
-	for (size_t i = 0; i < r->n_usage; i++) {
-		const Csi__V1__VolumeUsage *u = r->usage[i];
-
-		printf("%-8s %20" PRId64 " %20" PRId64 " %20" PRId64 "\n",
-		       ctl_enum_name(&csi__v1__volume_usage__unit__descriptor,
-				     u->unit),
-		       u->total, u->used, u->available);
-	}
-	ctl_print_condition(r->volume_condition);
-}
-
-static void ctl_text_replace_worker(struct ctl *ctl,
-				    const ProtobufCMessage *reply)
-{
-	const Strata__V1__ReplaceWorkerResponse *r =
-		(const Strata__V1__ReplaceWorkerResponse *)reply;
-
-	printf("replaced the worker of %s\n", ctl->a.pos[0]);
-	printf("supervisor_pid %d\n", (int)r->supervisor_pid);
-	printf("old_worker_pid %d\n", (int)r->old_worker_pid);
-	printf("new_worker_pid %d\n", (int)r->new_worker_pid);
-	printf("binary %s\n", r->binary);
-}
-
-static void ctl_text_node_info(struct ctl *ctl, const ProtobufCMessage *reply)
-{
-	const Csi__V1__NodeGetInfoResponse *r =
-		(const Csi__V1__NodeGetInfoResponse *)reply;
-
-	printf("node_id %s\n", r->node_id);
-	printf("max_volumes_per_node %" PRId64 "\n",
-	       r->max_volumes_per_node);
-	if (r->accessible_topology)
-		for (size_t i = 0; i < r->accessible_topology->n_segments; i++)
-			printf("topology %s=%s\n",
-			       r->accessible_topology->segments[i]->key,
-			       r->accessible_topology->segments[i]->value);
-}
-
-/* "deleted ID", or what DeleteVolume's idempotent OK does not say. */
-static void ctl_text_delete(struct ctl *ctl, const ProtobufCMessage *reply)
-{
-	if (ctl->no_such_volume)
-		printf("volume %s: no such volume, nothing deleted\n",
-		       ctl->a.pos[0]);
-	else
-		printf("deleted %s\n", ctl->a.pos[0]);
 }
 
 /*
@@ -1075,21 +693,6 @@ static int ctl_probe(struct ctl *ctl)
 	fprintf(stderr, CTL_PROG ": probe: the plugin at %s was not ready within %.1f s: %s\n",
 		ctl->endpoint, ctl->a.wait_ms / 1000.0, last);
 	return CTL_EXIT_FAIL;
-}
-
-static void ctl_text_volume_list(struct ctl *ctl, const ProtobufCMessage *reply)
-{
-	ctl_print_volume_states((const Strata__V1__ListVolumeStatesResponse *)reply);
-}
-
-static void ctl_text_volume_inspect(struct ctl *ctl,
-				    const ProtobufCMessage *reply)
-{
-	const Strata__V1__InspectVolumeResponse *r =
-		(const Strata__V1__InspectVolumeResponse *)reply;
-
-	if (r->volume)
-		ctl_print_volume_state(r->volume);
 }
 
 /* ---- the command table ------------------------------------------------ */
