@@ -291,6 +291,7 @@ struct csi_layer_job {
 	int fd;			/* the archive, open */
 	int dir;		/* the new layer's hidden directory */
 	const char *path;	/* the archive's path, for messages */
+	pid_t parent;		/* the plugin: the child dies with it */
 };
 int csi_layer_extract_child(void *arg, int wfd);
 /* identity.c: every table above, NULL terminated: what the socket serves */

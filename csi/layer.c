@@ -195,7 +195,8 @@ static int csi_layer_build(struct csi_plugin *p, struct csi_reply *r,
 {
 	struct csi_store *s = &p->store;
 	char tmp[CSI_LAYER_NAME_MAX + 64], msg[600];
-	struct csi_layer_job job = { .fd = fd, .path = req->path };
+	struct csi_layer_job job = { .fd = fd, .path = req->path,
+				     .parent = getpid() };
 	size_t len = 0;
 	int ret;
 

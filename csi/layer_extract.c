@@ -31,8 +31,10 @@
 #include <fcntl.h>
 #include <linux/openat2.h>
 #include <stdarg.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <sys/xattr.h>
@@ -329,6 +331,13 @@ int csi_layer_extract_child(void *arg, int wfd)
 	struct archive *in = NULL, *out = NULL;
 	int ret;
 
+	/*
+	 * The child holds what the plugin held at fork, the store's lock
+	 * among it: a plugin killed mid-import must not leave it extracting
+	 * into a directory the next plugin sweeps, nor keep that plugin out.
+	 */
+	if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() != job->parent)
+		return -ECHILD;
 	if (fchdir(job->dir) < 0)
 		return csi_extract_fail(&x, -errno, "entering the new layer: %s",
 					strerror(errno));
