@@ -59,7 +59,7 @@ void ctl_text_import_layer(struct ctl *ctl, const ProtobufCMessage *reply)
 	if (!r->layer)
 		return;
 	ctl_fmt_size(size, sizeof(size), r->layer->size_bytes);
-	printf("imported layer %s: %" PRId64 " entries, %s bytes\n",
+	printf("imported layer %s: %" PRId64 " entries, %s on disk\n",
 	       r->layer->name, r->layer->entries, size);
 }
 
