@@ -295,3 +295,33 @@ def test_crash_mid_import_leaves_no_layer(env, strata):
     assert sorted(os.listdir(os.path.join(root, "layers"))) == ["base", "extra"]
     ok(layer_import(p, "crash", path))
     assert json.dumps(parse(ctl(p, "layer", "list", as_json=True))).count('"crash"') == 1
+
+
+def import_request(name, path):
+    """ImportLayerRequest's wire bytes: stratactl always sends an
+    absolute path, so the plugin's own checks are reached this way."""
+    out = b""
+    for tag, s in ((0x0a, name), (0x12, path)):
+        b = s.encode()
+        if b:
+            out += bytes([tag, len(b)]) + b
+    return out
+
+
+def test_import_path_checks_over_the_wire(env, strata):
+    call = "/strata.v1.Admin/ImportLayer"
+    r = strata.csi.call_path(call, b"")
+    assert r.code == "INVALID_ARGUMENT" and "layer name '' is malformed" in r.details, r
+    r = strata.csi.call_path(call, import_request("app", ""))
+    assert r.code == "INVALID_ARGUMENT" and "path is required" in r.details, r
+    r = strata.csi.call_path(call, import_request("app", "app.tar"))
+    assert r.code == "INVALID_ARGUMENT" and \
+        "path 'app.tar' is not absolute" in r.details, r
+    r = strata.csi.call_path("/strata.v1.Admin/DeleteLayer", b"")
+    assert r.code == "INVALID_ARGUMENT" and "layer name '' is malformed" in r.details, r
+    # a Controller-only plugin serves no node calls, these among them
+    c = env.plugin(root=env.layered_root("croot"), mode="controller",
+                   sock=os.path.join(env.base, "c.sock"))
+    r = c.csi.call_path(call, import_request("app", "/x.tar"))
+    assert r.code == "UNIMPLEMENTED", r
+    assert leftovers(strata) == []
