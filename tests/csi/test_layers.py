@@ -12,7 +12,7 @@ import tarfile
 
 import pytest
 
-from csitest import stratactl_binary
+from csitest import poll, stratactl_binary
 from test_stratactl import ctl, ok, parse
 
 MTIME = 1700000000
@@ -325,3 +325,54 @@ def test_import_path_checks_over_the_wire(env, strata):
     r = c.csi.call_path(call, import_request("app", "/x.tar"))
     assert r.code == "UNIMPLEMENTED", r
     assert leftovers(strata) == []
+
+
+def children(pid):
+    out = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as f:
+            out += [int(c) for c in f.read().split()]
+    return out
+
+
+def running(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.timeout(120)
+def test_plugin_killed_mid_extraction(env, strata):
+    """The extracting child dies with the plugin: it neither goes on
+    writing into the hidden directory, nor keeps the store's lock from
+    the next plugin (which sweeps what it left), nor holds the caller's
+    connection open (it inherited the plugin's sockets)."""
+    blob = os.path.join(env.base, "blob")
+    with open(blob, "wb") as f:
+        # zeros: a few KiB compressed, and about 3 s to extract, which a
+        # child that outlived the plugin would go on doing
+        f.truncate(3 << 30)
+    path = os.path.join(env.base, "big.tar.zst")
+    subprocess.run(["tar", "--zstd", "-C", env.base, "-cf", path, "blob"], check=True)
+    os.unlink(blob)
+    imp = subprocess.Popen([stratactl_binary(), "--endpoint", strata.endpoint,
+                            "layer", "import", "big", path],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    layers = strata.path("layers")
+
+    def extracting():
+        tmp = [n for n in os.listdir(layers) if n.startswith(".import-big-")]
+        return tmp and os.path.exists(os.path.join(layers, tmp[0], "blob"))
+    poll(extracting, timeout=30, what="the extraction to start")
+    kids = children(strata.proc.pid)
+    assert kids, "no extracting child"
+    strata.proc.send_signal(9)  # the plugin alone, not its process group
+    strata.proc.wait(10)
+    poll(lambda: not any(running(k) for k in kids), timeout=0.5,
+         what="the child to die with the plugin")
+    # the child held the call's connection too: stratactl hears at once
+    assert imp.wait(5) == 1
+    strata.start()
+    assert sorted(os.listdir(layers)) == ["base", "extra"]
