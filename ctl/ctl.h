@@ -2,8 +2,9 @@
 /*
  * stratactl internals: what its files share.
  *
- * stratactl.c reads the command line, holds the command table and builds
- * the requests; ctl_call.c makes the call; ctl_text.c prints the reply
+ * stratactl.c reads the command line and holds the command table;
+ * ctl_request.c fills the requests from the options; ctl_call.c makes
+ * the call; ctl_text.c prints the reply
  * as readable lines, ctl_json.c as JSON instead (--json); ctl_volume.c prints the Admin service's volume
  * states; ctl_layer.c the layer commands' requests and replies;
  * ctl_progress.c shows a long call's progress on a terminal.
@@ -172,9 +173,13 @@ void *ctl_alloc(struct ctl *ctl, size_t size);
 int ctl_usage_error(struct ctl *ctl, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
 const char *ctl_enum_name(const ProtobufCEnumDescriptor *d, int value);
+const char *ctl_opt_value(const struct ctl_args *a, int id);
+
+/* ctl_request.c: the request fields from the options */
 const ProtobufCFieldDescriptor *ctl_field(const ProtobufCMessage *m,
 					  const char *name, ProtobufCType type);
-const char *ctl_opt_value(const struct ctl_args *a, int id);
+Csi__V1__VolumeCapability *ctl_capability(struct ctl *ctl);
+void ctl_fill(struct ctl *ctl, ProtobufCMessage *req);
 
 /* ctl_call.c: one call to the plugin */
 int ctl_call_quiet(struct ctl *ctl, const char *method,
