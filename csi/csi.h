@@ -125,8 +125,9 @@ struct csi_store {
 	int empty_fd; /* the base of a volume without layers */
 	int lock_fd;
 	pthread_mutex_t create_lock; /* CreateVolume's name lookup + create */
-	/* one layer import or removal at a time; after create_lock (layer.c) */
+	/* guards layer_busy; after create_lock, never before (layer.c) */
 	pthread_mutex_t layer_lock;
+	int layer_busy;	/* layer imports and removals in flight */
 	pthread_mutex_t busy_lock;
 	struct csi_busy *busy; /* volume ids with an operation in flight */
 };

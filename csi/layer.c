@@ -14,11 +14,15 @@
  * no half layer either. No layer name starts with '.', so hidden names
  * never collide with one.
  *
- * Locks: the store's create_lock, then layer_lock, never the reverse.
- * layer_lock makes one import or removal at a time: the sweep of hidden
- * leftovers at an import's start would otherwise take another import's
- * directory. create_lock keeps a removal apart from CreateVolume's
- * commit of a volume that names the layer.
+ * Locks: the store's create_lock, then layer_lock, never the reverse,
+ * and neither held while an archive is extracted or a tree removed.
+ * layer_lock guards layer_busy, the imports and removals in flight: the
+ * sweep of hidden leftovers at an import's start runs only when none
+ * is, so it never takes a directory that another call is still filling
+ * or emptying. Two imports of one name both extract; RENAME_NOREPLACE
+ * lets one win and the other answer ALREADY_EXISTS. DeleteLayer holds
+ * create_lock from its look at the volumes to the layer's hiding, so no
+ * CreateVolume commits a volume over a layer being removed.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -186,9 +190,39 @@ static void csi_layer_import_reply(struct csi_reply *r,
 		      req->name, req->path, msg);
 }
 
+/* One import or removal fewer in flight. */
+static void csi_layer_idle(struct csi_store *s)
+{
+	pthread_mutex_lock(&s->layer_lock);
+	s->layer_busy--;
+	pthread_mutex_unlock(&s->layer_lock);
+}
+
+/*
+ * Makes layers/<tmp>, a new hidden directory, counted in layer_busy
+ * until csi_layer_idle(); leftovers of calls cut short go first.
+ */
+static int csi_layer_start(struct csi_store *s, const char *name, char *tmp,
+			   size_t size)
+{
+	int ret;
+
+	pthread_mutex_lock(&s->layer_lock);
+	if (!s->layer_busy)
+		csi_layer_sweep(s);
+	ret = csi_layer_hidden(CSI_LAYER_IMPORT_PREFIX, name, tmp, size);
+	/* 0700 until whole: nobody reads a half layer through its name */
+	if (!ret && mkdirat(s->layers_fd, tmp, 0700) < 0)
+		ret = -errno;
+	if (!ret)
+		s->layer_busy++;
+	pthread_mutex_unlock(&s->layer_lock);
+	return ret;
+}
+
 /*
  * Extracts into a new hidden directory and renames it to layers/<name>.
- * The caller holds layer_lock. Returns 0, or -errno with r answered.
+ * Returns 0, or -errno with r answered.
  */
 static int csi_layer_build(struct csi_plugin *p, struct csi_reply *r,
 			   const Strata__V1__ImportLayerRequest *req, int fd)
@@ -200,14 +234,10 @@ static int csi_layer_build(struct csi_plugin *p, struct csi_reply *r,
 	size_t len = 0;
 	int ret;
 
-	ret = csi_layer_hidden(CSI_LAYER_IMPORT_PREFIX, req->name, tmp,
-			       sizeof(tmp));
-	if (ret)
-		goto out_errno;
-	/* 0700 until whole: nobody reads a half layer through its name */
-	if (mkdirat(s->layers_fd, tmp, 0700) < 0) {
-		ret = -errno;
-		goto out_errno;
+	ret = csi_layer_start(s, req->name, tmp, sizeof(tmp));
+	if (ret) {
+		csi_reply_errno(r, ret, "making the new layer's directory");
+		return ret;
 	}
 	job.dir = openat(s->layers_fd, tmp, O_RDONLY | O_DIRECTORY |
 					     O_NOFOLLOW | O_CLOEXEC);
@@ -241,14 +271,13 @@ static int csi_layer_build(struct csi_plugin *p, struct csi_reply *r,
 	}
 	fsync(s->layers_fd);
 	close(job.dir);
+	csi_layer_idle(s);
 	return 0;
 out_close:
 	close(job.dir);
 out_remove:
 	strata_rmtree_at(s->layers_fd, tmp);
-	return ret;
-out_errno:
-	csi_reply_errno(r, ret, "making the new layer's directory");
+	csi_layer_idle(s);
 	return ret;
 }
 
@@ -292,7 +321,7 @@ void csi_admin_import_layer(struct csi_plugin *p, const ProtobufCMessage *msg,
 	}
 	if (csi_store_writable(&p->store, r))
 		goto out_close;
-	pthread_mutex_lock(&p->store.layer_lock);
+	/* early, before the work; the rename says it again if one raced us */
 	ret = csi_layer_exists(&p->store, req->name);
 	if (ret != -ENOENT) {
 		if (ret == 0)
@@ -301,12 +330,11 @@ void csi_admin_import_layer(struct csi_plugin *p, const ProtobufCMessage *msg,
 				      req->name, req->name);
 		else
 			csi_reply_errno(r, ret, "looking the layer up");
-		goto out_unlock;
+		goto out_close;
 	}
-	csi_layer_sweep(&p->store);
 	ret = csi_layer_build(p, r, req, fd);
 	if (ret)
-		goto out_unlock;
+		goto out_close;
 	strata_info("layer %s imported from %s", req->name, req->path);
 	out = csi_alloc(r, sizeof(*out));
 	if (!out)
@@ -316,11 +344,9 @@ void csi_admin_import_layer(struct csi_plugin *p, const ProtobufCMessage *msg,
 	if (!out->layer)
 		goto out_oom;
 	csi_reply_ok(r, out);
-	goto out_unlock;
+	goto out_close;
 out_oom:
 	csi_reply_errno(r, -ENOMEM, "ImportLayer");
-out_unlock:
-	pthread_mutex_unlock(&p->store.layer_lock);
 out_close:
 	close(fd);
 }
@@ -450,7 +476,6 @@ void csi_admin_delete_layer(struct csi_plugin *p, const ProtobufCMessage *msg,
 	if (csi_store_writable(s, r))
 		return;
 	pthread_mutex_lock(&s->create_lock);
-	pthread_mutex_lock(&s->layer_lock);
 	ret = csi_layer_exists(s, req->name);
 	if (ret) {
 		if (ret == -ENOENT)
@@ -473,30 +498,37 @@ void csi_admin_delete_layer(struct csi_plugin *p, const ProtobufCMessage *msg,
 			      nusers == 1 ? "it" : "them");
 		goto out;
 	}
+	pthread_mutex_lock(&s->layer_lock);
 	ret = csi_layer_hidden(CSI_LAYER_DELETE_PREFIX, req->name, hidden,
 			       sizeof(hidden));
 	if (!ret && renameat(s->layers_fd, req->name, s->layers_fd, hidden) < 0)
 		ret = -errno;
+	if (!ret)
+		s->layer_busy++;
+	pthread_mutex_unlock(&s->layer_lock);
 	if (ret) {
 		csi_reply_errno(r, ret, "hiding the layer before its removal");
 		goto out;
 	}
 	fsync(s->layers_fd);
-	/* gone by name now; what stays of a failure here is swept later */
+	/* gone by name now: the tree goes with no lock held */
+	pthread_mutex_unlock(&s->create_lock);
 	ret = strata_rmtree_at(s->layers_fd, hidden);
+	csi_layer_idle(s);
 	if (ret)
 		strata_warn("layer %s: removing %s/layers/%s: %s; the next import or start removes it",
 			    req->name, s->root, hidden, strerror(-ret));
 	strata_info("layer %s removed", req->name);
 	out = csi_alloc(r, sizeof(*out));
-	if (!out) {
+	if (out) {
+		strata__v1__delete_layer_response__init(out);
+		csi_reply_ok(r, out);
+	} else {
 		csi_reply_errno(r, -ENOMEM, "DeleteLayer");
-		goto out;
 	}
-	strata__v1__delete_layer_response__init(out);
-	csi_reply_ok(r, out);
-out:
 	csi_free_strv(users, nusers);
-	pthread_mutex_unlock(&s->layer_lock);
+	return;
+out:
 	pthread_mutex_unlock(&s->create_lock);
+	csi_free_strv(users, nusers);
 }

@@ -9,6 +9,7 @@ import os
 import stat
 import subprocess
 import tarfile
+import time
 
 import pytest
 
@@ -376,3 +377,39 @@ def test_plugin_killed_mid_extraction(env, strata):
     assert imp.wait(5) == 1
     strata.start()
     assert sorted(os.listdir(layers)) == ["base", "extra"]
+
+
+def zeros_archive(env, name, size):
+    """A tar.zst of one file of `size` zero bytes: a few KiB, seconds
+    to extract."""
+    blob = os.path.join(env.base, "blob")
+    with open(blob, "wb") as f:
+        f.truncate(size)
+    path = os.path.join(env.base, name)
+    subprocess.run(["tar", "--zstd", "-C", env.base, "-cf", path, "blob"], check=True)
+    os.unlink(blob)
+    return path
+
+
+@pytest.mark.timeout(120)
+def test_import_blocks_no_other_layer_call(env, strata, kubelet):
+    """No lock is held while an archive extracts: another import of the
+    same name finishes first and wins (the slow one then answers
+    ALREADY_EXISTS), a removal and a CreateVolume go through at once."""
+    big = zeros_archive(env, "big.tar.zst", 3 << 30)
+    slow = subprocess.Popen([stratactl_binary(), "--endpoint", strata.endpoint,
+                             "layer", "import", "app", big],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    layers = strata.path("layers")
+    poll(lambda: [n for n in os.listdir(layers) if n.startswith(".import-app-")],
+         timeout=30, what="the slow import to start")
+    t0 = time.monotonic()
+    ok(layer_import(strata, "app", write_tar(os.path.join(env.base, "s.tar"), SAMPLE)))
+    ok(ctl(strata, "layer", "rm", "extra"))
+    kubelet.create("while-importing", layers="app,base")
+    assert time.monotonic() - t0 < 1.5, "a layer call waited for an extraction"
+    assert slow.poll() is None, "the slow import ended before the others ran"
+    out, err = slow.communicate(timeout=60)
+    assert slow.returncode == 1 and "ALREADY_EXISTS: layer app already exists" in err, err
+    assert sorted(os.listdir(layers)) == ["app", "base"]
+    assert read_file(os.path.join(layers, "app", "etc/hello.txt")) == "hello\n"
