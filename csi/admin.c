@@ -7,6 +7,8 @@
  * disk now (with --daemon-binary-dir, the plugin's newest copy, through
  * the bundle directory's "current" link). ListVolumeStates and
  * InspectVolume (inspect.c) show what the node does with each volume.
+ * ImportLayer, ListLayers and DeleteLayer (layer.c) manage the store's
+ * layers.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -216,5 +218,15 @@ const struct csi_method csi_admin_methods[] = {
 	{ "/strata.v1.Admin/InspectVolume",
 	  &strata__v1__inspect_volume_request__descriptor,
 	  csi_admin_inspect_volume, CSI_MODE_NODE, true },
+	/* blocking: an import extracts, a list walks every layer */
+	{ "/strata.v1.Admin/ImportLayer",
+	  &strata__v1__import_layer_request__descriptor,
+	  csi_admin_import_layer, CSI_MODE_NODE, true },
+	{ "/strata.v1.Admin/ListLayers",
+	  &strata__v1__list_layers_request__descriptor,
+	  csi_admin_list_layers, CSI_MODE_NODE, true },
+	{ "/strata.v1.Admin/DeleteLayer",
+	  &strata__v1__delete_layer_request__descriptor,
+	  csi_admin_delete_layer, CSI_MODE_NODE, true },
 	{ NULL },
 };

@@ -290,16 +290,19 @@ static void csi_create_volume(struct csi_plugin *p, const ProtobufCMessage *msg,
 	if (csi_create_check(p, r, req))
 		return;
 	want.capacity = cr ? (cr->required_bytes ? cr->required_bytes : cr->limit_bytes) : 0;
+	/*
+	 * From the layers' check to the commit: DeleteLayer takes this lock
+	 * too, so a layer found here is still there when the volume names it.
+	 */
+	pthread_mutex_lock(&p->store.create_lock);
 	ret = csi_params_check(p, &want, req, why, sizeof(why));
 	if (ret) {
 		if (ret == -EINVAL)
 			csi_reply_set(r, CSI_INVALID_ARGUMENT, "%s", why);
 		else
 			csi_reply_errno(r, ret, "parameters");
-		goto out;
+		goto out_unlock;
 	}
-
-	pthread_mutex_lock(&p->store.create_lock);
 	ret = csi_volume_find(&p->store, req->name, false, &have);
 	if (ret == 0 && csi_volume_compatible(&want, &have, cr)) {
 		csi_create_reply(p, r, &have);
@@ -314,8 +317,8 @@ static void csi_create_volume(struct csi_plugin *p, const ProtobufCMessage *msg,
 		   csi_create_new(p, r, req->name, &want) == 0) {
 		csi_create_reply(p, r, &want);
 	}
+out_unlock:
 	pthread_mutex_unlock(&p->store.create_lock);
-out:
 	csi_volume_free(&want);
 	csi_volume_free(&have);
 }

@@ -125,6 +125,9 @@ struct csi_store {
 	int empty_fd; /* the base of a volume without layers */
 	int lock_fd;
 	pthread_mutex_t create_lock; /* CreateVolume's name lookup + create */
+	/* guards layer_busy; after create_lock, never before (layer.c) */
+	pthread_mutex_t layer_lock;
+	int layer_busy;	/* layer imports and removals in flight */
 	pthread_mutex_t busy_lock;
 	struct csi_busy *busy; /* volume ids with an operation in flight */
 };
@@ -276,6 +279,22 @@ void csi_admin_list_volume_states(struct csi_plugin *p,
 void csi_admin_inspect_volume(struct csi_plugin *p,
 			      const ProtobufCMessage *msg,
 			      struct csi_reply *r);
+/* layer.c: the Admin service's layers */
+void csi_admin_import_layer(struct csi_plugin *p, const ProtobufCMessage *msg,
+			    struct csi_reply *r);
+void csi_admin_list_layers(struct csi_plugin *p, const ProtobufCMessage *msg,
+			   struct csi_reply *r);
+void csi_admin_delete_layer(struct csi_plugin *p, const ProtobufCMessage *msg,
+			    struct csi_reply *r);
+void csi_layer_sweep(struct csi_store *s);
+/* layer_extract.c: an import's archive, extracted in a child process */
+struct csi_layer_job {
+	int fd;			/* the archive, open */
+	int dir;		/* the new layer's hidden directory */
+	const char *path;	/* the archive's path, for messages */
+	pid_t parent;		/* the plugin: the child dies with it */
+};
+int csi_layer_extract_child(void *arg, int wfd);
 /* identity.c: every table above, NULL terminated: what the socket serves */
 extern const struct csi_method *const csi_services[];
 
@@ -366,6 +385,7 @@ int csi_layers_check(struct csi_plugin *p, struct csi_volume *v,
 		     const char *list, char *why, size_t size);
 
 /* store.c: usage */
+int csi_tree_usage(const char *path, int64_t *bytes, int64_t *inodes);
 int csi_volume_usage(struct csi_store *s, const char *id, int64_t *bytes,
 		     int64_t *inodes);
 

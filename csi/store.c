@@ -3,6 +3,7 @@
  * The directory store under --root:
  *
  *   layers/<name>/            read-only lower layers, placed by the admin
+ *                             or imported (layer.c)
  *   volumes/<id>/upper, work  a volume's writable layer and its workdir
  *   volumes/<id>/volume.json  the volume record
  *   node/<id>.json, <id>.log  node state of a staged volume, daemon log
@@ -92,6 +93,7 @@ int csi_store_open(struct csi_store *s, const char *root)
 	s->empty_fd = s->lock_fd = -1;
 	pthread_mutex_init(&s->create_lock, NULL);
 	pthread_mutex_init(&s->busy_lock, NULL);
+	pthread_mutex_init(&s->layer_lock, NULL);
 	ret = csi_mkdir_p(root);
 	if (ret)
 		goto out;
@@ -126,6 +128,7 @@ int csi_store_open(struct csi_store *s, const char *root)
 	fchmod(s->layers_fd, 0755);
 	fchmod(s->empty_fd, 0755);
 	csi_store_sweep(s);
+	csi_layer_sweep(s);
 	return 0;
 out:
 	csi_store_close(s);
@@ -521,6 +524,17 @@ static int csi_du_visit(const char *path, const struct stat *st, int flag,
 	return 0;
 }
 
+/* What the tree at `path` holds on disk, and its names, its root one. */
+int csi_tree_usage(const char *path, int64_t *bytes, int64_t *inodes)
+{
+	csi_du_bytes = csi_du_inodes = 0;
+	if (nftw(path, csi_du_visit, 32, FTW_PHYS | FTW_MOUNT) < 0)
+		return -errno;
+	*bytes = csi_du_bytes;
+	*inodes = csi_du_inodes;
+	return 0;
+}
+
 /* What the volume's upper layer holds: its share of the disk. */
 int csi_volume_usage(struct csi_store *s, const char *id, int64_t *bytes,
 		     int64_t *inodes)
@@ -530,10 +544,5 @@ int csi_volume_usage(struct csi_store *s, const char *id, int64_t *bytes,
 	if (!csi_volume_id_valid(id))
 		return -ENOENT;
 	snprintf(path, sizeof(path), "%s/volumes/%s/upper", s->root, id);
-	csi_du_bytes = csi_du_inodes = 0;
-	if (nftw(path, csi_du_visit, 32, FTW_PHYS | FTW_MOUNT) < 0)
-		return -errno;
-	*bytes = csi_du_bytes;
-	*inodes = csi_du_inodes;
-	return 0;
+	return csi_tree_usage(path, bytes, inodes);
 }

@@ -28,7 +28,7 @@ static void ctl_fmt_age(char *buf, size_t size, int64_t s)
 }
 
 /* Bytes in the units --capacity takes: "512", "4.0Ki", "1.5Gi" */
-static void ctl_fmt_size(char *buf, size_t size, int64_t bytes)
+void ctl_fmt_size(char *buf, size_t size, int64_t bytes)
 {
 	static const char units[] = "KMGTPE";
 	double v = (double)bytes;

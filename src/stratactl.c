@@ -56,41 +56,6 @@
 /* list-volumes --all: a plugin whose tokens never end is broken */
 #define CTL_MAX_PAGES 100000
 
-enum ctl_exit {
-	CTL_EXIT_OK = 0,
-	CTL_EXIT_FAIL = 1,
-	CTL_EXIT_USAGE = 2,
-};
-
-/* Option ids: getopt_long's val; the long options have no short form. */
-enum ctl_opt {
-	CTL_OPT_END = 0,
-	CTL_OPT_HELP = 'h',
-	CTL_OPT_ENDPOINT = 256,
-	CTL_OPT_JSON,
-	CTL_OPT_TIMEOUT,
-	CTL_OPT_VERSION,
-	CTL_OPT_LAYERS,
-	CTL_OPT_CAPACITY,
-	CTL_OPT_LIMIT,
-	CTL_OPT_PARAM,
-	CTL_OPT_ACCESS_MODE,
-	CTL_OPT_BLOCK,
-	CTL_OPT_SECRET,
-	CTL_OPT_MAX_ENTRIES,
-	CTL_OPT_STARTING_TOKEN,
-	CTL_OPT_ALL,
-	CTL_OPT_STAGING_PATH,
-	CTL_OPT_TARGET,
-	CTL_OPT_PATH,
-	CTL_OPT_READONLY,
-	CTL_OPT_MOUNT_FLAG,
-	CTL_OPT_MOUNT_GROUP,
-	CTL_OPT_FS_TYPE,
-	CTL_OPT_CONTEXT,
-	CTL_OPT_WAIT,
-};
-
 static const struct option ctl_options[] = {
 	{ "help", no_argument, NULL, CTL_OPT_HELP },
 	{ "endpoint", required_argument, NULL, CTL_OPT_ENDPOINT },
@@ -126,49 +91,6 @@ static const int ctl_common_opts[] = {
 	CTL_OPT_END,
 };
 
-struct ctl_kv {
-	const char *key;
-	const char *value;
-};
-
-struct ctl_kvs {
-	int n;
-	struct ctl_kv *v;
-};
-
-struct ctl_strv {
-	int n;
-	const char **v;
-};
-
-/* Everything any command takes; each command reads its own part. */
-struct ctl_args {
-	int npos;
-	char **pos;
-	const char *layers;
-	int64_t capacity;	/* -1: not given */
-	int64_t limit;		/* -1: not given */
-	struct ctl_kvs params;
-	int access_mode;	/* 0: not given (SINGLE_NODE_WRITER) */
-	bool block;
-	struct ctl_kvs secrets;
-	int32_t max_entries;
-	const char *starting_token;
-	bool all;
-	const char *staging;
-	const char *target;
-	const char *path;
-	bool readonly;
-	struct ctl_strv mount_flags;
-	const char *mount_group;
-	const char *fs_type;
-	struct ctl_kvs context;
-	int wait_ms;		/* probe --wait; -1: not given */
-};
-
-/* What is `offset` bytes into m (a struct or a message), as a `type`. */
-#define CTL_AT(m, offset, type) (*(type *)((char *)(m) + (offset)))
-
 /*
  * The options that keep only what they are given, and where: a string
  * pointed at as it is, or a flag raised. The others parse their value in
@@ -191,72 +113,6 @@ static const struct ctl_slot {
 	{ CTL_OPT_FS_TYPE, offsetof(struct ctl_args, fs_type), false },
 };
 
-struct ctl;
-
-typedef void (*ctl_text_fn)(struct ctl *ctl, const ProtobufCMessage *reply);
-
-/* Whether a request carries the volume capability of the options. */
-enum ctl_cap {
-	CTL_CAP_NONE = 0,
-	CTL_CAP_ALWAYS,
-	CTL_CAP_ASKED,		/* only with --access-mode or --block */
-};
-
-/*
- * A command: its help, what it takes, and the RPC it makes. ctl_run()
- * makes the call from the fields below `method`; `run` replaces it where
- * one call is not enough (list-volumes --all).
- */
-struct ctl_cmd {
-	const char *name;
-	const char *synopsis;	/* what follows the name */
-	const char *summary;
-	const char *options;	/* the option lines of `COMMAND --help` */
-	const int *opts;	/* the options it takes besides the common ones; NULL: none */
-	const int *need;	/* those of them it cannot do without; NULL: none */
-	int min_pos, max_pos;	/* positional arguments */
-
-	const char *method;	/* "/csi.v1.Node/NodeGetInfo" */
-	const ProtobufCMessageDescriptor *request, *reply;
-	const char *arg;	/* the request field the argument fills */
-	enum ctl_cap cap;
-	/* What only this request has; returns 0 or an exit code. */
-	int (*build)(struct ctl *ctl, ProtobufCMessage *req);
-	ctl_text_fn text;	/* the readable reply */
-	/* The exit code a reply means (probe, validate); NULL: 0. */
-	int (*verdict)(const ProtobufCMessage *reply);
-	/* ctl_text_done: "<done> ID[ <done_prep> <done_opt's value>]" */
-	const char *done, *done_prep;
-	int done_opt;
-	int (*run)(struct ctl *ctl);
-	/* The progress line while a call takes long, after "NAME ID: ". */
-	const char *waiting;
-};
-
-/* The RPC of a command: its path and the descriptors of its messages. */
-#define CTL_RPC(service, rpc, msg)                                         \
-	.method = "/csi.v1." #service "/" #rpc,                            \
-	.request = &csi__v1__##msg##_request__descriptor,                  \
-	.reply = &csi__v1__##msg##_response__descriptor
-/* The same for Strata's own Admin service (csi/admin.proto). */
-#define CTL_ADMIN_RPC(rpc, msg)                                            \
-	.method = "/strata.v1.Admin/" #rpc,                                \
-	.request = &strata__v1__##msg##_request__descriptor,               \
-	.reply = &strata__v1__##msg##_response__descriptor
-
-struct ctl {
-	const char *endpoint;
-	bool json;
-	bool no_such_volume;	/* delete-volume: there was nothing to delete */
-	int timeout_ms;
-	const struct ctl_cmd *cmd;
-	struct csi_client *client;
-	struct ctl_args a;
-	/* Request parts live until exit; freed together. */
-	void **pool;
-	size_t npool, pool_size;
-};
-
 /* ---- small helpers ---------------------------------------------------- */
 
 void ctl_oom(void)
@@ -266,7 +122,7 @@ void ctl_oom(void)
 }
 
 /* Zeroed memory freed by ctl_pool_free(): a request is built, sent, gone. */
-static void *ctl_alloc(struct ctl *ctl, size_t size)
+void *ctl_alloc(struct ctl *ctl, size_t size)
 {
 	void *p;
 
@@ -302,10 +158,7 @@ static void ctl_pool_free(struct ctl *ctl)
 	ctl->npool = ctl->pool_size = 0;
 }
 
-static int ctl_usage_error(struct ctl *ctl, const char *fmt, ...)
-	__attribute__((format(printf, 2, 3)));
-
-static int ctl_usage_error(struct ctl *ctl, const char *fmt, ...)
+int ctl_usage_error(struct ctl *ctl, const char *fmt, ...)
 {
 	va_list ap;
 
@@ -437,7 +290,7 @@ static void ctl_strv_add(struct ctl *ctl, struct ctl_strv *sv, const char *s)
 	sv->v = nv;
 }
 
-static const char *ctl_enum_name(const ProtobufCEnumDescriptor *d, int value)
+const char *ctl_enum_name(const ProtobufCEnumDescriptor *d, int value)
 {
 	const ProtobufCEnumValue *ev = protobuf_c_enum_descriptor_get_value(d, value);
 
@@ -453,302 +306,13 @@ static const struct ctl_slot *ctl_slot(int id)
 }
 
 /* The value a string option left in ctl->a; NULL or "" when not given. */
-static const char *ctl_opt_value(const struct ctl_args *a, int id)
+const char *ctl_opt_value(const struct ctl_args *a, int id)
 {
 	const struct ctl_slot *slot = ctl_slot(id);
 
 	if (!slot || slot->flag)
 		abort(); /* a table entry naming an option with no string value */
 	return CTL_AT(a, slot->offset, const char *const);
-}
-
-/* ---- requests --------------------------------------------------------- */
-
-/*
- * The field `name` of m, of protobuf-c type `type`. The names are this
- * file's, not input: one that the message lacks is a bug, not a request.
- */
-static const ProtobufCFieldDescriptor *ctl_field(const ProtobufCMessage *m,
-						 const char *name,
-						 ProtobufCType type)
-{
-	const ProtobufCFieldDescriptor *f =
-		protobuf_c_message_descriptor_get_field_by_name(m->descriptor,
-								name);
-
-	if (!f || f->type != type)
-		abort(); /* a typo in a field name here: a bug, not input */
-	return f;
-}
-
-/*
- * Fills the map field `field` of `m` from `kvs`. protoc-c gives every
- * map<string,string> entry the layout of struct csi_map_entry, so one
- * function serves every map of every request.
- */
-static void ctl_map_set(struct ctl *ctl, ProtobufCMessage *m,
-			const char *field, const struct ctl_kvs *kvs)
-{
-	const ProtobufCFieldDescriptor *f;
-	const ProtobufCMessageDescriptor *ed;
-	struct csi_map_entry *e;
-	void **ptrs;
-
-	if (!kvs->n)
-		return;
-	f = ctl_field(m, field, PROTOBUF_C_TYPE_MESSAGE);
-	ed = f->descriptor;
-	if (f->label != PROTOBUF_C_LABEL_REPEATED ||
-	    ed->sizeof_message != sizeof(struct csi_map_entry))
-		abort();
-	e = ctl_alloc(ctl, kvs->n * sizeof(*e));
-	ptrs = ctl_alloc(ctl, kvs->n * sizeof(*ptrs));
-	for (int i = 0; i < kvs->n; i++) {
-		protobuf_c_message_init(ed, &e[i]);
-		e[i].key = (char *)kvs->v[i].key;
-		e[i].value = (char *)kvs->v[i].value;
-		ptrs[i] = &e[i];
-	}
-	CTL_AT(m, f->quantifier_offset, size_t) = kvs->n;
-	CTL_AT(m, f->offset, void **) = ptrs;
-}
-
-/* The string field `field` of m, when there is a value to put in it. */
-static void ctl_string_set(ProtobufCMessage *m, const char *field,
-			   const char *value)
-{
-	if (value)
-		CTL_AT(m, ctl_field(m, field, PROTOBUF_C_TYPE_STRING)->offset,
-		       char *) = (char *)value;
-}
-
-/* The one capability a request carries: mount (or block) plus the mode. */
-static Csi__V1__VolumeCapability *ctl_capability(struct ctl *ctl)
-{
-	const struct ctl_args *a = &ctl->a;
-	Csi__V1__VolumeCapability *cap;
-	Csi__V1__VolumeCapability__AccessMode *mode;
-
-	cap = ctl_alloc(ctl, sizeof(*cap));
-	csi__v1__volume_capability__init(cap);
-	mode = ctl_alloc(ctl, sizeof(*mode));
-	csi__v1__volume_capability__access_mode__init(mode);
-	mode->mode = a->access_mode ? a->access_mode :
-		CSI__V1__VOLUME_CAPABILITY__ACCESS_MODE__MODE__SINGLE_NODE_WRITER;
-	cap->access_mode = mode;
-	if (a->block) {
-		Csi__V1__VolumeCapability__BlockVolume *b;
-
-		b = ctl_alloc(ctl, sizeof(*b));
-		csi__v1__volume_capability__block_volume__init(b);
-		cap->access_type_case = CSI__V1__VOLUME_CAPABILITY__ACCESS_TYPE_BLOCK;
-		cap->block = b;
-	} else {
-		Csi__V1__VolumeCapability__MountVolume *mv;
-
-		mv = ctl_alloc(ctl, sizeof(*mv));
-		csi__v1__volume_capability__mount_volume__init(mv);
-		if (a->fs_type)
-			mv->fs_type = (char *)a->fs_type;
-		if (a->mount_group)
-			mv->volume_mount_group = (char *)a->mount_group;
-		mv->n_mount_flags = a->mount_flags.n;
-		mv->mount_flags = (char **)a->mount_flags.v;
-		cap->access_type_case = CSI__V1__VOLUME_CAPABILITY__ACCESS_TYPE_MOUNT;
-		cap->mount = mv;
-	}
-	return cap;
-}
-
-/*
- * The capability into the request: one `volume_capability` (the node's
- * requests), or a `volume_capabilities` list of one (the controller's).
- */
-static void ctl_capability_set(struct ctl *ctl, ProtobufCMessage *req)
-{
-	const ProtobufCFieldDescriptor *f;
-
-	f = protobuf_c_message_descriptor_get_field_by_name(req->descriptor,
-							    "volume_capability");
-	if (!f)
-		f = ctl_field(req, "volume_capabilities",
-			      PROTOBUF_C_TYPE_MESSAGE);
-	if (f->label == PROTOBUF_C_LABEL_REPEATED) {
-		Csi__V1__VolumeCapability **caps =
-			ctl_alloc(ctl, sizeof(*caps));
-
-		caps[0] = ctl_capability(ctl);
-		CTL_AT(req, f->quantifier_offset, size_t) = 1;
-		CTL_AT(req, f->offset, Csi__V1__VolumeCapability **) = caps;
-	} else {
-		CTL_AT(req, f->offset, Csi__V1__VolumeCapability *) =
-			ctl_capability(ctl);
-	}
-}
-
-/*
- * The fields that requests name alike, from the command's argument and
- * options. A command is offered only the options its request has fields
- * for, and ctl_args holds nothing for an option not given, so every value
- * found here has a field to go in.
- */
-static void ctl_fill(struct ctl *ctl, ProtobufCMessage *req)
-{
-	const struct ctl_cmd *cmd = ctl->cmd;
-	const struct ctl_args *a = &ctl->a;
-
-	if (cmd->arg)
-		ctl_string_set(req, cmd->arg, a->pos[0]);
-	ctl_string_set(req, "staging_target_path", a->staging);
-	ctl_string_set(req, "target_path", a->target);
-	ctl_string_set(req, "volume_path", a->path);
-	if (a->readonly)
-		CTL_AT(req, ctl_field(req, "readonly",
-				      PROTOBUF_C_TYPE_BOOL)->offset,
-		       protobuf_c_boolean) = 1;
-	/* GetCapacity: no capability unless asked; then the plugin reports all. */
-	if (cmd->cap == CTL_CAP_ALWAYS ||
-	    (cmd->cap == CTL_CAP_ASKED && (a->access_mode || a->block)))
-		ctl_capability_set(ctl, req);
-	ctl_map_set(ctl, req, "volume_context", &a->context);
-	ctl_map_set(ctl, req, "parameters", &a->params);
-	ctl_map_set(ctl, req, "secrets", &a->secrets);
-}
-
-/* ---- the call --------------------------------------------------------- */
-
-/*
- * One call, quiet: 0 with *code and *details (malloc'd; free it) when a
- * status arrived, *out set on CSI_OK; a negative errno when no call could
- * be made. A command with a `waiting` text shows it as progress.
- */
-static int ctl_call_quiet(struct ctl *ctl, const char *method,
-			  const ProtobufCMessage *req,
-			  const ProtobufCMessageDescriptor *out_desc,
-			  ProtobufCMessage **out, enum csi_code *code,
-			  char **details, int timeout_ms)
-{
-	struct ctl_progress *pg = NULL;
-	int ret;
-
-	*out = NULL;
-	*details = NULL;
-	if (!ctl->client) {
-		ret = csi_client_open(ctl->endpoint, &ctl->client);
-		if (ret < 0)
-			return ret;
-	}
-	if (ctl->cmd->waiting) {
-		char what[256];
-
-		snprintf(what, sizeof(what), "%s%s%s: %s", ctl->cmd->name,
-			 ctl->a.npos ? " " : "", ctl->a.npos ? ctl->a.pos[0] : "",
-			 ctl->cmd->waiting);
-		pg = ctl_progress_start(what);
-	}
-	ret = csi_client_call(ctl->client, method, req, out_desc, out, code,
-			      details, timeout_ms);
-	ctl_progress_stop(pg);
-	return ret;
-}
-
-/* The error of a call that was made, on stderr, with a hint when useful. */
-static void ctl_print_status(struct ctl *ctl, const char *method,
-			     enum csi_code code, const char *details)
-{
-	fprintf(stderr, CTL_PROG ": %s: %s\n", csi_code_name(code),
-		details && *details ? details : "(no message)");
-	if (code == CSI_UNAVAILABLE)
-		fprintf(stderr, CTL_PROG ": is a CSI plugin listening on %s?\n",
-			ctl->endpoint);
-	else if (code == CSI_DEADLINE_EXCEEDED)
-		fprintf(stderr, CTL_PROG ": no reply to %s within %d ms (see --timeout)\n",
-			method, ctl->timeout_ms);
-}
-
-/*
- * One call; prints the error itself. Returns CTL_EXIT_OK with *out set,
- * or the exit code to leave with.
- */
-static int ctl_call(struct ctl *ctl, const char *method,
-		    const ProtobufCMessage *req,
-		    const ProtobufCMessageDescriptor *out_desc,
-		    ProtobufCMessage **out)
-{
-	enum csi_code code;
-	char *details = NULL;
-	int ret;
-
-	ret = ctl_call_quiet(ctl, method, req, out_desc, out, &code, &details,
-			     ctl->timeout_ms);
-	if (ret < 0) {
-		if (!ctl->client)
-			fprintf(stderr, CTL_PROG ": cannot open %s: %s\n",
-				ctl->endpoint, strerror(-ret));
-		else
-			fprintf(stderr, CTL_PROG ": %s on %s failed: %s\n",
-				method, ctl->endpoint, strerror(-ret));
-		return CTL_EXIT_FAIL;
-	}
-	if (code != CSI_OK) {
-		ctl_print_status(ctl, method, code, details);
-		free(details);
-		return CTL_EXIT_FAIL;
-	}
-	free(details);
-	return CTL_EXIT_OK;
-}
-
-/* ---- readable output -------------------------------------------------- */
-
-static void ctl_print_map(const char *sep, size_t n, void *const *entries)
-{
-	for (size_t i = 0; i < n; i++) {
-		const struct csi_map_entry *e = entries[i];
-
-		printf("%s%s=%s", sep, e->key, e->value);
-	}
-}
-
-/* "volume sv-... capacity 1073741824 layers a,b": one line per volume */
-static void ctl_print_volume(const Csi__V1__Volume *v)
-{
-	if (!v) {
-		printf("volume (none)");
-		return;
-	}
-	printf("volume %s capacity %" PRId64, v->volume_id, v->capacity_bytes);
-	/* "-" for an empty value, which would leave two keys side by side */
-	for (size_t i = 0; i < v->n_volume_context; i++)
-		printf(" %s %s", v->volume_context[i]->key,
-		       *v->volume_context[i]->value ?
-			       v->volume_context[i]->value : "-");
-	if (v->content_source) {
-		const Csi__V1__VolumeContentSource *cs = v->content_source;
-
-		if (cs->type_case == CSI__V1__VOLUME_CONTENT_SOURCE__TYPE_SNAPSHOT &&
-		    cs->snapshot)
-			printf(" source snapshot %s", cs->snapshot->snapshot_id);
-		else if (cs->type_case == CSI__V1__VOLUME_CONTENT_SOURCE__TYPE_VOLUME &&
-			 cs->volume)
-			printf(" source volume %s", cs->volume->volume_id);
-	}
-	for (size_t i = 0; i < v->n_accessible_topology; i++)
-		ctl_print_map(" topology ",
-			      v->accessible_topology[i]->n_segments,
-			      (void *const *)v->accessible_topology[i]->segments);
-}
-
-static void ctl_print_condition(const Csi__V1__VolumeCondition *c)
-{
-	if (!c)
-		return;
-	if (c->abnormal)
-		printf("condition abnormal: %s\n", c->message);
-	else if (*c->message)
-		printf("condition normal: %s\n", c->message);
-	else
-		printf("condition normal\n");
 }
 
 /* ---- commands --------------------------------------------------------- */
@@ -785,110 +349,6 @@ static int ctl_run(struct ctl *ctl)
 	return ret;
 }
 
-/* The commands whose reply is empty say what was done: "staged ID at P". */
-static void ctl_text_done(struct ctl *ctl, const ProtobufCMessage *reply)
-{
-	const struct ctl_cmd *cmd = ctl->cmd;
-
-	printf("%s %s", cmd->done, ctl->a.pos[0]);
-	if (cmd->done_prep)
-		printf(" %s %s", cmd->done_prep,
-		       ctl_opt_value(&ctl->a, cmd->done_opt));
-	printf("%s\n", ctl->a.readonly ? " read-only" : "");
-}
-
-static void ctl_text_info(struct ctl *ctl, const ProtobufCMessage *reply)
-{
-	const Csi__V1__GetPluginInfoResponse *r =
-		(const Csi__V1__GetPluginInfoResponse *)reply;
-
-	printf("name %s\n", r->name);
-	printf("vendor_version %s\n", r->vendor_version);
-	for (size_t i = 0; i < r->n_manifest; i++)
-		printf("manifest %s=%s\n", r->manifest[i]->key,
-		       r->manifest[i]->value);
-}
-
-static void ctl_text_plugin_caps(struct ctl *ctl, const ProtobufCMessage *reply)
-{
-	const Csi__V1__GetPluginCapabilitiesResponse *r =
-		(const Csi__V1__GetPluginCapabilitiesResponse *)reply;
-
-	for (size_t i = 0; i < r->n_capabilities; i++) {
-		const Csi__V1__PluginCapability *c = r->capabilities[i];
-
-		if (c->type_case == CSI__V1__PLUGIN_CAPABILITY__TYPE_SERVICE &&
-		    c->service)
-			printf("%s\n", ctl_enum_name(
-				&csi__v1__plugin_capability__service__type__descriptor,
-				c->service->type));
-		else if (c->type_case == CSI__V1__PLUGIN_CAPABILITY__TYPE_VOLUME_EXPANSION &&
-			 c->volume_expansion)
-			printf("VOLUME_EXPANSION_%s\n", ctl_enum_name(
-				&csi__v1__plugin_capability__volume_expansion__type__descriptor,
-				c->volume_expansion->type));
-		else
-			printf("UNKNOWN\n");
-	}
-}
-
-/*
- * ControllerGetCapabilities and NodeGetCapabilities answer alike: a list
- * of `capabilities`, each a oneof whose `rpc` holds a `type` enum. The
- * descriptors say where each lives, so one printer serves both.
- */
-static void ctl_text_rpc_caps(struct ctl *ctl, const ProtobufCMessage *reply)
-{
-	const ProtobufCFieldDescriptor *fcaps, *frpc, *ftype;
-	const ProtobufCMessage *const *caps;
-	size_t n;
-
-	fcaps = ctl_field(reply, "capabilities", PROTOBUF_C_TYPE_MESSAGE);
-	n = CTL_AT(reply, fcaps->quantifier_offset, const size_t);
-	caps = CTL_AT(reply, fcaps->offset, const ProtobufCMessage *const *const);
-	for (size_t i = 0; i < n; i++) {
-		const ProtobufCMessage *c = caps[i], *rpc;
-		const char *name = "UNKNOWN";
-
-		frpc = ctl_field(c, "rpc", PROTOBUF_C_TYPE_MESSAGE);
-		rpc = CTL_AT(c, frpc->offset, const ProtobufCMessage *const);
-		if (CTL_AT(c, frpc->quantifier_offset, const uint32_t) ==
-			    frpc->id && rpc) {
-			ftype = ctl_field(rpc, "type", PROTOBUF_C_TYPE_ENUM);
-			name = ctl_enum_name(ftype->descriptor,
-					     CTL_AT(rpc, ftype->offset, const int));
-		}
-		printf("%s\n", name);
-	}
-}
-
-/* The spec: an absent `ready` means ready. */
-static bool ctl_probe_ready(const ProtobufCMessage *reply)
-{
-	const Csi__V1__ProbeResponse *r = (const Csi__V1__ProbeResponse *)reply;
-
-	return !r->ready || r->ready->value;
-}
-
-static void ctl_text_probe(struct ctl *ctl, const ProtobufCMessage *reply)
-{
-	printf("%s\n", ctl_probe_ready(reply) ? "ready" : "not ready");
-}
-
-static int ctl_verdict_probe(const ProtobufCMessage *reply)
-{
-	return ctl_probe_ready(reply) ? CTL_EXIT_OK : CTL_EXIT_FAIL;
-}
-
-static void ctl_text_create_volume(struct ctl *ctl, const ProtobufCMessage *reply)
-{
-	const Csi__V1__CreateVolumeResponse *r =
-		(const Csi__V1__CreateVolumeResponse *)reply;
-
-	ctl_print_volume(r->volume);
-	printf("\n");
-}
-
 /* CreateVolume's own: the capacity range, and --layers as a parameter. */
 static int ctl_build_create_volume(struct ctl *ctl, ProtobufCMessage *req)
 {
@@ -909,78 +369,6 @@ static int ctl_build_create_volume(struct ctl *ctl, ProtobufCMessage *req)
 		ctl_kvs_put(ctl, &a->params, "layers", a->layers);
 	}
 	return 0;
-}
-
-static void ctl_print_capability(const Csi__V1__VolumeCapability *c)
-{
-	const char *mode = "UNKNOWN";
-
-	if (c->access_mode)
-		mode = ctl_enum_name(
-			&csi__v1__volume_capability__access_mode__mode__descriptor,
-			c->access_mode->mode);
-	if (c->access_type_case == CSI__V1__VOLUME_CAPABILITY__ACCESS_TYPE_BLOCK) {
-		printf(" %s block", mode);
-	} else if (c->access_type_case == CSI__V1__VOLUME_CAPABILITY__ACCESS_TYPE_MOUNT &&
-		   c->mount) {
-		printf(" %s mount", mode);
-		if (*c->mount->fs_type)
-			printf(" fs_type %s", c->mount->fs_type);
-		if (*c->mount->volume_mount_group)
-			printf(" mount_group %s", c->mount->volume_mount_group);
-	} else {
-		printf(" %s", mode);
-	}
-}
-
-static void ctl_text_validate(struct ctl *ctl, const ProtobufCMessage *reply)
-{
-	const Csi__V1__ValidateVolumeCapabilitiesResponse *r =
-		(const Csi__V1__ValidateVolumeCapabilitiesResponse *)reply;
-
-	if (r->confirmed) {
-		printf("confirmed");
-		for (size_t i = 0; i < r->confirmed->n_volume_capabilities; i++)
-			ctl_print_capability(r->confirmed->volume_capabilities[i]);
-		printf("%s%s\n", *r->message ? ": " : "", r->message);
-	} else {
-		printf("not confirmed%s%s\n", *r->message ? ": " : "",
-		       r->message);
-	}
-}
-
-static int ctl_verdict_validate(const ProtobufCMessage *reply)
-{
-	const Csi__V1__ValidateVolumeCapabilitiesResponse *r =
-		(const Csi__V1__ValidateVolumeCapabilitiesResponse *)reply;
-
-	return r->confirmed ? CTL_EXIT_OK : CTL_EXIT_FAIL;
-}
-
-static void ctl_print_entry(const Csi__V1__ListVolumesResponse__Entry *e)
-{
-	ctl_print_volume(e->volume);
-	if (e->status) {
-		const Csi__V1__ListVolumesResponse__VolumeStatus *st = e->status;
-
-		for (size_t i = 0; i < st->n_published_node_ids; i++)
-			printf("%s%s", i ? "," : " published ",
-			       st->published_node_ids[i]);
-		if (st->volume_condition && st->volume_condition->abnormal)
-			printf(" abnormal: %s", st->volume_condition->message);
-	}
-	printf("\n");
-}
-
-static void ctl_text_list_volumes(struct ctl *ctl, const ProtobufCMessage *reply)
-{
-	const Csi__V1__ListVolumesResponse *r =
-		(const Csi__V1__ListVolumesResponse *)reply;
-
-	for (size_t i = 0; i < r->n_entries; i++)
-		ctl_print_entry(r->entries[i]);
-	if (!ctl->a.all && *r->next_token)
-		printf("next_token %s\n", r->next_token);
 }
 
 /*
@@ -1053,76 +441,6 @@ static int ctl_list_volumes(struct ctl *ctl)
 	}
 	free(token);
 	return ret;
-}
-
-static void ctl_text_capacity(struct ctl *ctl, const ProtobufCMessage *reply)
-{
-	const Csi__V1__GetCapacityResponse *r =
-		(const Csi__V1__GetCapacityResponse *)reply;
-
-	printf("available_capacity %" PRId64 "\n", r->available_capacity);
-	if (r->maximum_volume_size)
-		printf("maximum_volume_size %" PRId64 "\n",
-		       r->maximum_volume_size->value);
-	if (r->minimum_volume_size)
-		printf("minimum_volume_size %" PRId64 "\n",
-		       r->minimum_volume_size->value);
-}
-
-static void ctl_text_stats(struct ctl *ctl, const ProtobufCMessage *reply)
-{
-	const Csi__V1__NodeGetVolumeStatsResponse *r =
-		(const Csi__V1__NodeGetVolumeStatsResponse *)reply;
-
-	printf("%-8s %20s %20s %20s\n", "UNIT", "TOTAL", "USED",
-	       "AVAILABLE");
-	for (size_t i = 0; i < r->n_usage; i++) {
-		const Csi__V1__VolumeUsage *u = r->usage[i];
-
-		printf("%-8s %20" PRId64 " %20" PRId64 " %20" PRId64 "\n",
-		       ctl_enum_name(&csi__v1__volume_usage__unit__descriptor,
-				     u->unit),
-		       u->total, u->used, u->available);
-	}
-	ctl_print_condition(r->volume_condition);
-}
-
-static void ctl_text_replace_worker(struct ctl *ctl,
-				    const ProtobufCMessage *reply)
-{
-	const Strata__V1__ReplaceWorkerResponse *r =
-		(const Strata__V1__ReplaceWorkerResponse *)reply;
-
-	printf("replaced the worker of %s\n", ctl->a.pos[0]);
-	printf("supervisor_pid %d\n", (int)r->supervisor_pid);
-	printf("old_worker_pid %d\n", (int)r->old_worker_pid);
-	printf("new_worker_pid %d\n", (int)r->new_worker_pid);
-	printf("binary %s\n", r->binary);
-}
-
-static void ctl_text_node_info(struct ctl *ctl, const ProtobufCMessage *reply)
-{
-	const Csi__V1__NodeGetInfoResponse *r =
-		(const Csi__V1__NodeGetInfoResponse *)reply;
-
-	printf("node_id %s\n", r->node_id);
-	printf("max_volumes_per_node %" PRId64 "\n",
-	       r->max_volumes_per_node);
-	if (r->accessible_topology)
-		for (size_t i = 0; i < r->accessible_topology->n_segments; i++)
-			printf("topology %s=%s\n",
-			       r->accessible_topology->segments[i]->key,
-			       r->accessible_topology->segments[i]->value);
-}
-
-/* "deleted ID", or what DeleteVolume's idempotent OK does not say. */
-static void ctl_text_delete(struct ctl *ctl, const ProtobufCMessage *reply)
-{
-	if (ctl->no_such_volume)
-		printf("volume %s: no such volume, nothing deleted\n",
-		       ctl->a.pos[0]);
-	else
-		printf("deleted %s\n", ctl->a.pos[0]);
 }
 
 /*
@@ -1222,21 +540,6 @@ static int ctl_probe(struct ctl *ctl)
 	fprintf(stderr, CTL_PROG ": probe: the plugin at %s was not ready within %.1f s: %s\n",
 		ctl->endpoint, ctl->a.wait_ms / 1000.0, last);
 	return CTL_EXIT_FAIL;
-}
-
-static void ctl_text_volume_list(struct ctl *ctl, const ProtobufCMessage *reply)
-{
-	ctl_print_volume_states((const Strata__V1__ListVolumeStatesResponse *)reply);
-}
-
-static void ctl_text_volume_inspect(struct ctl *ctl,
-				    const ProtobufCMessage *reply)
-{
-	const Strata__V1__InspectVolumeResponse *r =
-		(const Strata__V1__InspectVolumeResponse *)reply;
-
-	if (r->volume)
-		ctl_print_volume_state(r->volume);
 }
 
 /* ---- the command table ------------------------------------------------ */
@@ -1465,6 +768,27 @@ static const struct ctl_cmd ctl_cmds[] = {
 		CTL_ID, CTL_ADMIN_RPC(InspectVolume, inspect_volume),
 		.text = ctl_text_volume_inspect,
 	},
+	{
+		.name = "layer import", .synopsis = "NAME FILE",
+		.summary = "make layer NAME from a tar, tar.gz, tar.zst (or .xz, .bz2) or OCI image layer that the plugin reads at FILE; OCI whiteouts become overlayfs ones (strata.v1.Admin/ImportLayer)",
+		.min_pos = 2, .max_pos = 2,
+		CTL_ADMIN_RPC(ImportLayer, import_layer),
+		.build = ctl_build_import_layer, .text = ctl_text_import_layer,
+		.waiting = "extracting in the plugin",
+	},
+	{
+		.name = "layer list", .synopsis = "",
+		.summary = "every layer: its size, entries and the volumes that use it (strata.v1.Admin/ListLayers)",
+		CTL_ADMIN_RPC(ListLayers, list_layers),
+		.text = ctl_text_list_layers,
+	},
+	{
+		.name = "layer rm", .synopsis = "NAME",
+		.summary = "remove a layer no volume uses (strata.v1.Admin/DeleteLayer)",
+		.min_pos = 1, .max_pos = 1, .arg = "name",
+		CTL_ADMIN_RPC(DeleteLayer, delete_layer),
+		.text = ctl_text_delete_layer,
+	},
 };
 #define CTL_NCMDS (sizeof(ctl_cmds) / sizeof(*ctl_cmds))
 
@@ -1513,12 +837,45 @@ static void ctl_cmd_help(const struct ctl_cmd *cmd)
 	printf("\n--endpoint, --json and --timeout are taken here too; see '" CTL_PROG " --help'.\n");
 }
 
-/* `stratactl volume --help`: the commands that start with "volume ". */
-static void ctl_volume_help(void)
+/* The commands of two words: "volume list", "layer import NAME FILE". */
+static const char *const ctl_groups[] = { "volume", "layer", NULL };
+
+static bool ctl_is_group(const char *name)
 {
-	printf("usage: " CTL_PROG " [--endpoint EP] [--json] [--timeout SECONDS] volume SUBCOMMAND\n\n");
+	for (const char *const *g = ctl_groups; *g; g++)
+		if (!strcmp(*g, name))
+			return true;
+	return false;
+}
+
+static bool ctl_in_group(const struct ctl_cmd *cmd, const char *group)
+{
+	size_t len = strlen(group);
+
+	return !strncmp(cmd->name, group, len) && cmd->name[len] == ' ';
+}
+
+/* "volume list, volume inspect ID": a group's commands, for messages. */
+static void ctl_group_list(const char *group, char *buf, size_t size)
+{
+	size_t len = 0;
+
+	buf[0] = '\0';
+	for (size_t i = 0; i < CTL_NCMDS && len < size; i++)
+		if (ctl_in_group(&ctl_cmds[i], group))
+			len += snprintf(buf + len, size - len, "%s%s%s%s",
+					len ? ", " : "", ctl_cmds[i].name,
+					*ctl_cmds[i].synopsis ? " " : "",
+					ctl_cmds[i].synopsis);
+}
+
+/* `stratactl volume --help`: the commands that start with "volume ". */
+static void ctl_group_help(const char *group)
+{
+	printf("usage: " CTL_PROG " [--endpoint EP] [--json] [--timeout SECONDS] %s SUBCOMMAND\n\n",
+	       group);
 	for (size_t i = 0; i < CTL_NCMDS; i++)
-		if (!strncmp(ctl_cmds[i].name, "volume ", 7))
+		if (ctl_in_group(&ctl_cmds[i], group))
 			printf("  %s%s%s\n      %s.\n", ctl_cmds[i].name,
 			       *ctl_cmds[i].synopsis ? " " : "",
 			       ctl_cmds[i].synopsis, ctl_cmds[i].summary);
@@ -1755,32 +1112,34 @@ int main(int argc, char **argv)
 
 		if (cmd)
 			ctl_cmd_help(cmd);
-		else if (optind + 1 < argc && !strcmp(argv[optind + 1], "volume"))
-			ctl_volume_help();
+		else if (optind + 1 < argc && ctl_is_group(argv[optind + 1]))
+			ctl_group_help(argv[optind + 1]);
 		else
 			ctl_help(stdout);
 		ret = -1;
 		goto out;
 	}
-	/* "volume list", "volume inspect ID": a command of two words */
-	if (strcmp(name, "volume") == 0) {
-		char two[64];
+	/* "volume list", "layer rm NAME": a command of two words */
+	if (ctl_is_group(name)) {
+		char two[64], list[256];
 
+		ctl_group_list(name, list, sizeof(list));
 		if (optind + 1 < argc && (!strcmp(argv[optind + 1], "--help") ||
 					  !strcmp(argv[optind + 1], "-h"))) {
-			ctl_volume_help();
+			ctl_group_help(name);
 			ret = -1;
 			goto out;
 		}
 		if (optind + 1 >= argc || argv[optind + 1][0] == '-') {
-			ret = ctl_usage_error(&ctl, "volume takes a subcommand: volume list, volume inspect ID");
+			ret = ctl_usage_error(&ctl, "%s takes a subcommand: %s",
+					      name, list);
 			goto out;
 		}
-		snprintf(two, sizeof(two), "volume %s", argv[optind + 1]);
+		snprintf(two, sizeof(two), "%s %s", name, argv[optind + 1]);
 		ctl.cmd = ctl_cmd_find(two);
 		if (!ctl.cmd) {
-			ret = ctl_usage_error(&ctl, "unknown command 'volume %s' (volume list, volume inspect ID)",
-					      argv[optind + 1]);
+			ret = ctl_usage_error(&ctl, "unknown command '%s %s' (%s)",
+					      name, argv[optind + 1], list);
 			goto out;
 		}
 		optind++;

@@ -56,6 +56,15 @@ def test_volume_subcommands(complete):
     assert complete("stratactl", "vol") == ["volume"]
 
 
+def test_layer_subcommands(complete, tmp_path):
+    assert complete("stratactl", "layer", "") == ["import", "list", "rm"]
+    assert complete("stratactl", "lay") == ["layer"]
+    archive = tmp_path / "app-v1.tar.gz"
+    archive.write_bytes(b"")
+    assert complete("stratactl", "layer", "import", "app",
+                    str(tmp_path / "app-")) == [str(archive)]
+
+
 def test_a_commands_own_options(complete, require_program):
     ctl = require_program("STRATACTL")
     out = subprocess.run([str(ctl), "stage", "--help"], capture_output=True,

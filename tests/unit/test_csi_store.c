@@ -2,7 +2,8 @@
 /*
  * csi/store.c and csi/state.c: the directory store and the node records.
  * A store is one plugin's, volumes appear and go atomically, layers
- * resolve only below layers/, a served volume is seen as served, and a
+ * resolve only below layers/, hidden leftovers of layer imports are
+ * swept, a served volume is seen as served, and a
  * node record reads back what was saved, or reads as damaged.
  */
 #include <errno.h>
@@ -112,6 +113,30 @@ static void test_layers(struct csi_store *s)
 	CHECK_EQ_INT(csi_layer_open(s, "missing"), -ENOENT);
 }
 
+/* An import or removal cut short leaves a hidden directory: swept, and
+ * only those, by csi_layer_sweep (an import's start, the plugin's). */
+static void test_layer_sweep(struct csi_store *s)
+{
+	char path[256];
+	struct stat st;
+
+	snprintf(path, sizeof(path), "%s/layers/.import-app-0123456789abcdef", root);
+	CHECK_EQ_INT(mkdir(path, 0700), 0);
+	put("layers/.import-app-0123456789abcdef/half", "x");
+	snprintf(path, sizeof(path), "%s/layers/.delete-old-0123456789abcdef", root);
+	CHECK_EQ_INT(mkdir(path, 0700), 0);
+	put("layers/.keep", "an admin's file");
+	csi_layer_sweep(s);
+	snprintf(path, sizeof(path), "%s/layers/.import-app-0123456789abcdef", root);
+	CHECK_EQ_INT(lstat(path, &st), -1);
+	snprintf(path, sizeof(path), "%s/layers/.delete-old-0123456789abcdef", root);
+	CHECK_EQ_INT(lstat(path, &st), -1);
+	snprintf(path, sizeof(path), "%s/layers/.keep", root);
+	CHECK_EQ_INT(lstat(path, &st), 0);
+	snprintf(path, sizeof(path), "%s/layers/base", root);
+	CHECK_EQ_INT(lstat(path, &st), 0);
+}
+
 static void test_node_records(struct csi_store *s)
 {
 	struct csi_node_vol n = { 0 }, back;
@@ -183,6 +208,7 @@ int main(void)
 	test_open(&s);
 	test_volumes(&s);
 	test_layers(&s);
+	test_layer_sweep(&s);
 	test_node_records(&s);
 	csi_store_close(&s);
 	strata_rmtree_at(AT_FDCWD, root);
