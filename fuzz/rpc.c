@@ -136,6 +136,20 @@ static void fz_fixed_make(void)
 	FZ_CHECK(csi_state_save(&fz_p.store, &n) == 0);
 }
 
+/* Every layer but base goes: ImportLayer makes them (and temporaries). */
+static void fz_layers_reset(void)
+{
+	DIR *d = strata_opendir_at(fz_p.store.layers_fd, ".");
+	struct dirent *e;
+
+	FZ_CHECK(d);
+	while ((e = readdir(d)))
+		if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..") &&
+		    strcmp(e->d_name, "base"))
+			strata_rmtree_at(fz_p.store.layers_fd, e->d_name);
+	closedir(d);
+}
+
 /* Puts the store and the kubelet directory back as they were. */
 static void fz_reset(void)
 {
@@ -152,6 +166,7 @@ static void fz_reset(void)
 	csi_free_strv(ids, n);
 	snprintf(path, sizeof(path), "%s/ephemeral", fz_p.store.root);
 	strata_rmtree_at(AT_FDCWD, path);	/* made by inline publishes */
+	fz_layers_reset();
 	strata_rmtree_at(AT_FDCWD, fz_kubelet);
 	FZ_CHECK(mkdir(fz_kubelet, 0750) == 0);
 	FZ_CHECK(mkdir(fz_staging, 0750) == 0);
