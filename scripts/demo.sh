@@ -26,7 +26,9 @@ fi
 
 demo=/tmp/strata-demo
 root=$demo/store
-sock=$demo/csi.sock
+# a directory of its own: the plugin never mounts in, at or above its
+# socket's directory, so the socket cannot sit beside the demo's paths
+sock=$demo/run/csi.sock
 staging=$demo/staging
 target=$demo/pod/volume
 bin=$top/build
@@ -66,7 +68,8 @@ fi
 "$top/scripts/deps.sh"
 "$top/scripts/build.sh" build >/dev/null
 teardown
-mkdir -p "$root/layers/base/etc" "$root/layers/base/data" "$demo/pod"
+mkdir -p "$root/layers/base/etc" "$root/layers/base/data" "$demo/pod" \
+	"$demo/run"
 [ "$mode" = --keep ] || trap teardown EXIT
 
 step "a small read-only layer in the store: $root/layers/base"
