@@ -48,6 +48,7 @@
 #include <fcntl.h>
 #include <libgen.h>
 #include <linux/fuse.h>
+#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
@@ -68,6 +69,8 @@
 #define SFS_RESUME_ENV "STRATAFS_RESUME"
 /* execs of a new binary that may find its state's address taken */
 #define SFS_ATTACH_TRIES 16
+/* how long a worker told to stop may keep serving before it is told again */
+#define SFS_STOP_AGAIN_MS 100
 
 /* A worker younger than this when it dies died young; so many in a row... */
 #define SFS_QUICK_NS 1000000000LL
@@ -286,6 +289,18 @@ static int sfs_super_signal(struct sfs_super *sv, int *ret)
 	int status;
 	pid_t pid;
 
+	if ((sv->replacing || sv->stopping) && sv->worker &&
+	    poll(&(struct pollfd){ .fd = sv->sigfd, .events = POLLIN }, 1,
+		 SFS_STOP_AGAIN_MS) == 0) {
+		/*
+		 * The signal reached one of the worker's threads, and its
+		 * handler ended the session; but threads blocked reading the
+		 * device wake only for a request or a signal of their own.
+		 * Another one finds one of them, until all have seen the end.
+		 */
+		kill(sv->worker, sv->replacing ? SIGUSR1 : SIGTERM);
+		return 0;
+	}
 	if (read(sv->sigfd, &si, sizeof(si)) != sizeof(si))
 		return errno == EINTR || errno == EAGAIN ? 0 : -errno;
 	switch (si.ssi_signo) {
