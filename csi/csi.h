@@ -323,6 +323,7 @@ bool csi_volume_id_valid(const char *id);
 int csi_layer_name_check(const char *name);
 int csi_split_layers(const char *list, char ***names, int *count);
 void csi_free_strv(char **v, int n);
+int csi_strv_push(char ***v, int *n, const char *s);
 /* Every map<string,string> entry protoc-c generates has this layout. */
 struct csi_map_entry {
 	ProtobufCMessage base;

@@ -360,7 +360,7 @@ static int csi_layer_cmp(const void *a, const void *b)
 static int csi_layer_names(struct csi_store *s, char ***names, int *count)
 {
 	struct dirent *de;
-	char **v = NULL, **nv;
+	char **v = NULL;
 	int n = 0, ret = 0;
 	struct stat st;
 	DIR *d;
@@ -373,18 +373,9 @@ static int csi_layer_names(struct csi_store *s, char ***names, int *count)
 		    fstatat(s->layers_fd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) ||
 		    !S_ISDIR(st.st_mode))
 			continue;
-		nv = realloc(v, sizeof(*v) * (n + 1));
-		if (!nv) {
-			ret = -ENOMEM;
+		ret = csi_strv_push(&v, &n, de->d_name);
+		if (ret)
 			break;
-		}
-		v = nv;
-		v[n] = strdup(de->d_name);
-		if (!v[n]) {
-			ret = -ENOMEM;
-			break;
-		}
-		n++;
 	}
 	closedir(d);
 	if (ret) {

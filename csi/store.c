@@ -300,7 +300,7 @@ int csi_volume_load(struct csi_store *s, const char *id, struct csi_volume *v)
 /* The volume ids named in a directory, as "<id><suffix>". */
 int csi_store_scan(int dirfd, const char *suffix, char ***ids, int *count)
 {
-	int n = 0, cap = 0, ret = 0;
+	int n = 0, ret = 0;
 	size_t slen = strlen(suffix);
 	struct dirent *de;
 	char **v = NULL;
@@ -320,21 +320,9 @@ int csi_store_scan(int dirfd, const char *suffix, char ***ids, int *count)
 		de->d_name[CSI_VOLUME_ID_LEN] = '\0';
 		if (!csi_volume_id_valid(de->d_name))
 			continue;
-		if (n == cap) {
-			char **nv = realloc(v, sizeof(*v) * (cap = cap * 2 + 16));
-
-			if (!nv) {
-				ret = -ENOMEM;
-				break;
-			}
-			v = nv;
-		}
-		v[n] = strdup(de->d_name);
-		if (!v[n]) {
-			ret = -ENOMEM;
+		ret = csi_strv_push(&v, &n, de->d_name);
+		if (ret)
 			break;
-		}
-		n++;
 	}
 	closedir(d);
 	if (ret) {

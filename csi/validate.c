@@ -52,6 +52,21 @@ void csi_free_strv(char **v, int n)
 	free(v);
 }
 
+/* Appends a copy of S to *V, of *N entries: 0, or -ENOMEM (*V intact). */
+int csi_strv_push(char ***v, int *n, const char *s)
+{
+	char **nv = realloc(*v, sizeof(**v) * (*n + 1));
+
+	if (!nv)
+		return -ENOMEM;
+	*v = nv;
+	nv[*n] = strdup(s);
+	if (!nv[*n])
+		return -ENOMEM;
+	(*n)++;
+	return 0;
+}
+
 /* Splits "a,b" into names; an empty element is an error, not skipped. */
 int csi_split_layers(const char *list, char ***names, int *count)
 {
