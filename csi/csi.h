@@ -427,6 +427,11 @@ int csi_mnt_detach(int fd);
 int csi_mnt_answers(int fd, int timeout_ms);
 const char *csi_mnt_strerror(int err);
 
+/* control.c */
+int csi_control_call(struct csi_store *s, const char *vid,
+		     const char *const *argv, int argc, char *out, size_t size,
+		     int timeout_ms);
+
 /* daemon.c */
 int csi_daemon_start(struct csi_plugin *p, const struct csi_volume *v,
 		     struct csi_node_vol *n, int *mntfd, char *why,

@@ -256,7 +256,7 @@ static int csi_daemon_opts(struct csi_plugin *p, const struct csi_volume *v,
 {
 	struct csi_store *s = &p->store;
 	char *root = csi_opt_escape(s->root);
-	size_t cap = 320 + (root ? 4 * strlen(root) : 0) +
+	size_t cap = 360 + (root ? 5 * strlen(root) : 0) +
 		     32 * (v->nlayers + 1);
 	char *o = malloc(cap);
 	size_t len;
@@ -289,8 +289,8 @@ static int csi_daemon_opts(struct csi_plugin *p, const struct csi_volume *v,
 	if (!v->nlayers)
 		len += snprintf(o + len, cap - len, "%s/empty", root);
 	snprintf(o + len, cap - len,
-		 ",upperdir=%s/volumes/%s/upper,workdir=%s/volumes/%s/work,allow_other,statsfile=%s/node/%s.stats%s",
-		 root, v->id, root, v->id, root, v->id,
+		 ",upperdir=%s/volumes/%s/upper,workdir=%s/volumes/%s/work,allow_other,statsfile=%s/node/%s.stats,control=%s/node/%s.ctl%s",
+		 root, v->id, root, v->id, root, v->id, root, v->id,
 		 v->passthrough ? ",passthrough" : "");
 	free(root);
 	*opts = o;

@@ -209,12 +209,17 @@ int csi_state_remove(struct csi_store *s, const char *id)
 	return csi_record_remove(s->node_fd, name);
 }
 
-/* The counters of a daemon that is gone would be reported as a volume's. */
+/*
+ * The counters of a daemon that is gone would be reported as a volume's;
+ * its control socket, left by a kill, would answer nothing.
+ */
 void csi_state_remove_stats(struct csi_store *s, const char *id)
 {
 	char name[64];
 
 	snprintf(name, sizeof(name), "%s.stats", id);
+	unlinkat(s->node_fd, name, 0);
+	snprintf(name, sizeof(name), "%s.ctl", id);
 	unlinkat(s->node_fd, name, 0);
 }
 

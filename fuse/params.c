@@ -35,6 +35,7 @@ static const struct fuse_opt sfs_opt_spec[] = {
 	FUSE_OPT_KEY("transport=", KEY_STRING),
 	FUSE_OPT_KEY("timeout=", KEY_STRING),
 	FUSE_OPT_KEY("statsfile=", KEY_STRING),
+	FUSE_OPT_KEY("control=", KEY_STRING),
 	SFS_OPT("userxattr", userxattr),
 	SFS_OPT("passthrough", passthrough),
 	SFS_OPT("noallow_other", noallow_other),
@@ -72,6 +73,7 @@ static int sfs_opt_string(struct sfs_params *p, const char *arg)
 		{ "transport=", offsetof(struct sfs_params, transport) },
 		{ "timeout=", offsetof(struct sfs_params, timeout) },
 		{ "statsfile=", offsetof(struct sfs_params, statsfile) },
+		{ "control=", offsetof(struct sfs_params, control) },
 	};
 
 	for (size_t i = 0; i < sizeof(opts) / sizeof(opts[0]); i++) {
@@ -199,7 +201,8 @@ int sfs_params_escape(int argc, char **argv, struct fuse_args *out)
  * as the kernel's options do: a line written for kernel overlayfs names
  * the same directories here, and a path holding a backslash can be
  * given at all (fuse_opt drops every backslash that is not escaped).
- * statsfile= takes them too, so that one escaping serves every path.
+ * statsfile= and control= take them too, so that one escaping serves
+ * every path.
  */
 static void sfs_unescape_path(char *s)
 {
@@ -284,6 +287,8 @@ int sfs_params_parse(struct fuse_args *args, struct sfs_params *p)
 		sfs_unescape_path(p->workdir);
 	if (p->statsfile)
 		sfs_unescape_path(p->statsfile);
+	if (p->control)
+		sfs_unescape_path(p->control);
 	if (p->show_help || p->show_version)
 		return 0;
 	if (sfs_params_check_fuse(args) < 0)
@@ -335,6 +340,7 @@ void sfs_params_free(struct sfs_params *p)
 	free(p->transport);
 	free(p->timeout);
 	free(p->statsfile);
+	free(p->control);
 	free(p->source);
 	free(p->mountpoint);
 }
@@ -429,6 +435,8 @@ void sfs_usage(const char *prog)
 	       "                        docs/fuse-settings.md for what it changes\n"
 	       "    -o statsfile=FILE   export operation and byte counters in FILE\n"
 	       "                        (a small binary file the CSI plugin reads)\n"
+	       "    -o control=SOCKET   answer the CSI plugin's control requests\n"
+	       "                        (capacity, usage, snapshot freeze) there\n"
 	       "    -o allow_other      let other users into the mount (the\n"
 	       "                        default when root mounts, as on kernel\n"
 	       "                        overlayfs; permissions are the kernel's)\n"

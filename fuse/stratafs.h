@@ -58,6 +58,7 @@ struct sfs_params {
 	char *transport;	/* "uring", "dev", or NULL: uring if it can */
 	char *timeout;		/* kernel cache timeout, seconds */
 	char *statsfile;	/* where counters are exported, or NULL */
+	char *control;		/* the control socket's path, or NULL */
 	/* ints, not bools: fuse_opt stores flag options as int */
 	int userxattr;
 	int passthrough;	/* asked for; sfs_fs.passthrough: in effect */
@@ -265,6 +266,10 @@ struct sfs_fs {
 	/* replies a dead worker counted lookups for (resend.c) */
 	struct sfs_replying *unreplied[SFS_MAX_THREADS * 2];
 	atomic_bool crashed_after;	/* sfs_crash_after fired (tests) */
+	/* the control socket (control.c), and what was bound at its path */
+	int ctlfd;
+	dev_t ctl_dev;
+	ino_t ctl_ino;
 };
 
 /* An open file. */
@@ -668,6 +673,19 @@ void sfs_io_copy_file(fuse_req_t req, int in, off_t off_in, int out,
 int sfs_io_copy_range(int in, int out, off_t off, size_t len);
 ssize_t sfs_io_pread(int fd, void *buf, size_t len, off_t off);
 ssize_t sfs_io_pwrite(int fd, const void *buf, size_t len, off_t off);
+
+/* control.c */
+struct sfs_control_verb {
+	const char *name;
+	/* 0 or -errno; the result, or the error's message, goes in OUT */
+	int (*fn)(int argc, char **argv, char *out, size_t size);
+	int min, max;	/* how many arguments follow the verb */
+};
+
+int sfs_control_open(struct sfs_fs *fs);
+void sfs_control_close(struct sfs_fs *fs);
+int sfs_control_start(void);
+void sfs_control_stop(void);
 
 /* stats.c */
 extern struct strata_stats *sfs_stats;

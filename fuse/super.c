@@ -396,6 +396,7 @@ int sfs_setup(struct sfs_fs *fs)
 
 	sfs = fs;
 	fs->upper.fd = fs->workfd = fs->tmpfd = fs->indexfd = fs->nullfd = -1;
+	fs->ctlfd = -1;
 	/*
 	 * Nothing changes the layers behind the daemon's back, so the kernel
 	 * may keep names and attributes as long as it likes: every change
@@ -482,6 +483,8 @@ int sfs_setup(struct sfs_fs *fs)
 	ret = sfs_table_init(fs);
 	if (ret == 0)
 		ret = sfs_setup_root(fs);
+	if (ret == 0)
+		ret = sfs_control_open(fs);
 out:
 	sfs_strv_free(lowers, nlowers);
 	return ret;
@@ -513,6 +516,7 @@ void sfs_teardown(struct sfs_fs *fs)
 		close(fs->workfd);
 	if (fs->nullfd >= 0)
 		close(fs->nullfd);
+	sfs_control_close(fs);
 }
 
 /* libfuse takes "-o a=b": commas in a value must be escaped. */

@@ -557,6 +557,7 @@ supervise:
 	 * it: a worker that died may have left any of it half changed.
 	 */
 	sfs_unmount(fs, sv.adopted);
+	sfs_control_close(fs);
 	sfs_stats_close();
 	free(sv.exe);
 	return ret;

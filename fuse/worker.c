@@ -178,9 +178,11 @@ int sfs_serve(struct fuse_session *se, bool replay, bool supervised)
 	 */
 	if (sfs_uring_start(se) < 0)
 		goto out_uring;
+	if (sfs_control_start() < 0)
+		goto out_uring;
 	cfg = fuse_loop_cfg_create();
 	if (!cfg)
-		goto out_uring;
+		goto out_control;
 	/*
 	 * A cloned descriptor per thread spreads the device's locking; but
 	 * when a worker dies, the kernel fails the requests on descriptors
@@ -193,6 +195,8 @@ int sfs_serve(struct fuse_session *se, bool replay, bool supervised)
 	fuse_loop_cfg_set_idle_threads(cfg, SFS_MAX_THREADS);
 	ret = fuse_session_loop_mt(se, cfg) < 0 ? 1 : 0;
 	fuse_loop_cfg_destroy(cfg);
+out_control:
+	sfs_control_stop();
 out_uring:
 	sfs_uring_stop();
 	/* the engine's last replies may still go to a ring */

@@ -68,6 +68,23 @@ struct strata_stats {
 	uint64_t v[STRATA_ST_COUNT];
 };
 
+/*
+ * A volume's usage, kept by its daemon with -o usagefile=FILE: mapped
+ * shared and updated as the upper changes, so neither the daemon nor the
+ * plugin ever walks the upper to learn it. clean is 0 while a daemon has
+ * the file mapped: a daemon that finds it 0 at start was killed, and
+ * counts once, by a walk, before it mounts. Read by the plugin for
+ * NodeGetVolumeStats when the daemon cannot answer.
+ */
+#define STRATA_USAGE_MAGIC 0x31475355u /* "USG1" */
+struct strata_usage {
+	uint32_t magic;
+	uint32_t clean;		/* 1: the counts are whole */
+	int64_t bytes;		/* st_blocks * 512 of the upper's inodes */
+	int64_t inodes;		/* the upper's inodes, its root included */
+	uint64_t capacity;	/* the most bytes may reach; 0: no limit */
+};
+
 /* stats.c */
 extern const char *const strata_stat_names[STRATA_ST_COUNT];
 

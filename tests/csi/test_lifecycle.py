@@ -11,6 +11,7 @@ import pytest
 from csitest import (STRATAFS_FSTYPE, answers, assert_daemon_gone,
                      daemon_options, errno_of, is_mounted, mount_id, mounts_under,
                      pid_alive, poll, read_file, snapshot, write_file)
+from strata_common import control_call
 
 
 def assert_all_gone(env, strata, vid, pid):
@@ -19,7 +20,8 @@ def assert_all_gone(env, strata, vid, pid):
     assert_daemon_gone(pid, strata)
     assert strata.node_record(vid) is None
     assert not os.path.exists(strata.path("volumes", vid))
-    assert not os.path.exists(strata.path("node", vid + ".json"))
+    for suffix in (".json", ".stats", ".ctl"):
+        assert not os.path.exists(strata.path("node", vid + suffix))
 
 
 def tear_down(env, kubelet, strata, vid, st, targets, pid):
@@ -59,6 +61,9 @@ def test_kubelet_sequence(env, kubelet, strata):
 
     rec = strata.node_record(vid)
     assert t1 in str(rec) and t2 in str(rec)
+    # the plugin's line to the daemon (fuse/control.c)
+    status, text = control_call(strata.path("node", vid + ".ctl"), "ping")
+    assert status == 0 and text.startswith("pong pid=")
 
     kubelet.unpublish(vid, t1)
     kubelet.unpublish(vid, t2)

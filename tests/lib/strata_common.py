@@ -7,6 +7,7 @@ suites' own helper modules (stratatest.py, csitest.py) re-export these
 names, so test modules import them from there."""
 
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -204,3 +205,21 @@ def mount_id(path):
     assert mask & _STATX_MNT_ID_UNIQUE, "the kernel has no unique mount ids"
     dev = (int.from_bytes(raw[136:140], "little"), int.from_bytes(raw[140:144], "little"))
     return int.from_bytes(raw[144:152], "little"), f"{dev[0]}:{dev[1]}"
+
+
+def control_call(path, *args, timeout=10):
+    """One request on a daemon's control socket (fuse/control.c):
+    (status, text), status 0 or a negative errno."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+        s.settimeout(timeout)
+        # through the directory: a deep path outgrows sun_path
+        d = os.open(os.path.dirname(path) or ".", os.O_PATH | os.O_DIRECTORY)
+        try:
+            s.connect(f"/proc/self/fd/{d}/{os.path.basename(path)}")
+        finally:
+            os.close(d)
+        s.send(b"\0".join(a.encode() if isinstance(a, str) else a
+                           for a in args))
+        reply = s.recv(65536).decode()
+    status, _, text = reply.partition(" ")
+    return int(status), text

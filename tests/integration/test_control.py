@@ -1,0 +1,154 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The control channel (fuse/control.c): -o control=SOCKET, one request per
+connection, "STATUS TEXT" replies; it outlives workers and upgrades, and
+only root (or the daemon's user) may ask."""
+
+import errno
+import os
+import signal
+import socket
+import stat
+import subprocess
+import tempfile
+import time
+
+import pytest
+
+from strata_common import control_call
+from stratatest import is_mounted, stratafs_binary
+from test_worker import worker_of
+
+
+def mount_ctl(stratafs_only, sock, **kw):
+    return stratafs_only.make([{"f": "x"}], extra_opts=[f"control={sock}"],
+                              **kw)
+
+
+def raw_call(path, payload, timeout=10):
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+        s.settimeout(timeout)
+        s.connect(path)
+        s.send(payload)
+        return s.recv(65536).decode()
+
+
+def supervised():
+    return "nosupervisor" not in os.environ.get("STRATAFS_OPTS", "")
+
+
+def server_pid(u):
+    return worker_of(u) if supervised() else u.pid
+
+
+def test_ping_and_errors(stratafs_only, tmp_path):
+    sock = str(tmp_path / "c.sock")
+    u = mount_ctl(stratafs_only, sock)
+    st = os.lstat(sock)
+    assert stat.S_ISSOCK(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600
+    assert control_call(sock, "ping") == (0, f"pong pid={server_pid(u)}")
+    status, text = control_call(sock, "nope")
+    assert status == -errno.EOPNOTSUPP and "unknown verb 'nope'" in text
+    status, text = control_call(sock, "ping", "extra")
+    assert status == -errno.EINVAL and "takes 0 to 0 arguments" in text
+    assert raw_call(sock, b"").startswith(f"{-errno.EINVAL} an empty request")
+    assert raw_call(sock, b"\0".join([b"ping"] * 12)).startswith(
+        f"{-errno.EINVAL} too many arguments")
+    assert raw_call(sock, b"p" * 9000).startswith(f"{-errno.EMSGSIZE} ")
+    # a client that sends nothing holds the channel only for a while
+    idle = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    idle.connect(sock)
+    try:
+        assert control_call(sock, "ping", timeout=30)[0] == 0
+    finally:
+        idle.close()
+    u.unmount()
+    assert not os.path.exists(sock)
+
+
+def test_other_users_refused(stratafs_only, tmp_path):
+    # pytest's own directories are closed to other users
+    pub = tempfile.mkdtemp(prefix="strata-ctl-", dir="/tmp")
+    os.chmod(pub, 0o755)
+    sock = os.path.join(pub, "c.sock")
+    u = mount_ctl(stratafs_only, sock)
+    # past the socket's mode, the daemon still checks who asks
+    os.chmod(sock, 0o666)
+    code = ("import socket,sys; s=socket.socket(socket.AF_UNIX,"
+            "socket.SOCK_SEQPACKET); s.connect(sys.argv[1]); s.send(b'ping');"
+            "print(s.recv(9000).decode())")
+    out = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534",
+                          "--clear-groups", "/usr/bin/python3", "-c", code,
+                          sock], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(f"{-errno.EPERM} only root")
+    u.unmount()
+    os.rmdir(pub)
+
+
+@pytest.mark.skipif(not supervised(), reason="needs a supervised daemon")
+def test_outlives_workers_and_upgrades(stratafs_only, tmp_path):
+    sock = str(tmp_path / "c.sock")
+    u = mount_ctl(stratafs_only, sock)
+    w = worker_of(u)
+    assert control_call(sock, "ping") == (0, f"pong pid={w}")
+    os.kill(w, signal.SIGKILL)
+    w2 = worker_of(u, old=w)
+    deadline = time.monotonic() + 30
+    while control_call(sock, "ping")[1] != f"pong pid={w2}":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    os.kill(u.pid, signal.SIGHUP)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            status, text = control_call(sock, "ping")
+            if status == 0 and text != f"pong pid={w2}":
+                break
+        except (ConnectionError, OSError):
+            pass
+        assert time.monotonic() < deadline, "no worker after the upgrade"
+        time.sleep(0.05)
+    assert "upgrade: serving the mount on" in u.stderr()
+    with open(u.path("f")) as f:
+        assert f.read() == "x"
+
+
+def test_path_beyond_sun_path(stratafs_only, tmp_path):
+    deep = tmp_path / ("d" * 100) / ("e" * 100)
+    deep.mkdir(parents=True)
+    sock = str(deep / "volume.ctl")
+    assert len(sock) > 108
+    mount_ctl(stratafs_only, sock)
+    assert control_call(sock, "ping")[0] == 0
+
+
+def test_leftover_socket_taken_live_one_not(stratafs_only, tmp_path):
+    sock = str(tmp_path / "c.sock")
+    # a killed daemon's socket: bound, nobody listening
+    dead = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    dead.bind(sock)
+    dead.close()
+    u = mount_ctl(stratafs_only, sock)
+    assert control_call(sock, "ping")[0] == 0
+    # a second daemon on the same socket would steal the first's
+    v = mount_ctl(stratafs_only, sock, mount=False)
+    os.makedirs(v.mnt, exist_ok=True)
+    r = subprocess.run([stratafs_binary(), "-f", "-o", v.options(), v.mnt],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    assert "another daemon answers there" in r.stderr
+    assert control_call(sock, "ping")[0] == 0
+    u.unmount()
+
+
+def test_not_a_socket_refused(stratafs_only, tmp_path):
+    path = tmp_path / "c.sock"
+    path.write_text("keep me")
+    v = mount_ctl(stratafs_only, str(path), mount=False)
+    os.makedirs(v.mnt, exist_ok=True)
+    r = subprocess.run([stratafs_binary(), "-f", "-o", v.options(), v.mnt],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    assert "exists, and is not a socket" in r.stderr
+    assert path.read_text() == "keep me"
+    assert not is_mounted(v.mnt)
