@@ -420,7 +420,7 @@ void csi_path_reply(struct csi_reply *r, const char *field, int err,
 /* mount.c: mounts by descriptor, known by unique id (all fuzz/rpc.c stubs) */
 int csi_mnt_of(int fd, struct csi_mnt *m, bool *root);
 int csi_mnt_exists(const struct csi_mnt *m);
-int csi_mnt_fuse(const char *source, int *fusefd, int *mntfd);
+int csi_mnt_fuse(const char *source, bool ro, int *fusefd, int *mntfd);
 int csi_mnt_clone(int fd, unsigned long msflags, int *treefd);
 int csi_mnt_attach(int mntfd, int dirfd, bool beneath);
 int csi_mnt_detach(int fd);

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -362,7 +363,8 @@ int csi_daemon_start(struct csi_plugin *p, const struct csi_volume *v,
 		sp.nprocs = p->host.ncgroups;
 	}
 	snprintf(source, sizeof(source), "strata:%s", v->id);
-	ret = csi_mnt_fuse(source, &fusefd, mntfd);
+	ret = csi_mnt_fuse(source, csi_flags_from_canon(n->stage_flags) & MS_RDONLY, &fusefd,
+			   mntfd);
 	if (ret) {
 		snprintf(why, size, "a FUSE mount for volume %s: %s", v->id,
 			 csi_mnt_strerror(ret));

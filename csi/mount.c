@@ -194,9 +194,10 @@ int csi_mnt_exists(const struct csi_mnt *m)
  * gives its own mounts: the kernel checks permissions, every user may
  * enter, and devices and setuid files work as on kernel overlayfs. The
  * source names the volume, so that mountinfo says which volume a mount
- * serves. *fusefd is the connection, for the daemon.
+ * serves. *fusefd is the connection, for the daemon. RO: a read-only
+ * mount (a reader-only stage), as /proc/mounts then says.
  */
-int csi_mnt_fuse(const char *source, int *fusefd, int *mntfd)
+int csi_mnt_fuse(const char *source, bool ro, int *fusefd, int *mntfd)
 {
 	static const char *const flags[] = { "default_permissions",
 					     "allow_other" };
@@ -227,7 +228,7 @@ int csi_mnt_fuse(const char *source, int *fusefd, int *mntfd)
 			goto out_errno;
 	if (fsconfig(fs, FSCONFIG_CMD_CREATE, NULL, NULL, 0) < 0)
 		goto out_errno;
-	*mntfd = fsmount(fs, FSMOUNT_CLOEXEC, 0);
+	*mntfd = fsmount(fs, FSMOUNT_CLOEXEC, ro ? MOUNT_ATTR_RDONLY : 0);
 	if (*mntfd < 0)
 		goto out_errno;
 	close(fs);

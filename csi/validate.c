@@ -222,6 +222,9 @@ int csi_mount_flags(const Csi__V1__VolumeCapability *cap, unsigned long *flags,
 		}
 		*flags |= csi_flag_table[t].flag;
 	}
+	/* a reader's mount is read-only, at the staging path too */
+	if (csi_capability_readonly(cap))
+		*flags |= MS_RDONLY;
 	for (size_t t = 0; t < nt; t++)
 		if (*flags & csi_flag_table[t].flag)
 			len += snprintf(buf + len, sizeof(buf) - len, "%s%s",

@@ -66,7 +66,7 @@ int csi_mnt_exists(const struct csi_mnt *m)
 	return -ENOENT;
 }
 
-int csi_mnt_fuse(const char *source, int *fusefd, int *mntfd)
+int csi_mnt_fuse(const char *source, bool ro, int *fusefd, int *mntfd)
 {
 	return -EPERM;
 }

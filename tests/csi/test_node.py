@@ -577,3 +577,30 @@ def test_node_info_flags(env):
     assert r.node_id == "worker-3"
     assert r.max_volumes_per_node == 17
     assert dict(r.accessible_topology.segments) == {"x.strata.io/node": "worker-3"}
+
+
+@pytest.mark.timeout(90)
+def test_reader_only_stage_is_read_only(env, kubelet, strata):
+    """A reader-only capability mounts the staging path read-only too, as
+    /proc/mounts says; a heal keeps it so, and a writer stage does not."""
+    vid = kubelet.create("pvc-reader")
+    reader = cap("SINGLE_NODE_READER_ONLY")
+    st = kubelet.stage(vid, capability=reader)
+    assert "ro" in mount_opts(st)
+    assert errno_of(write_file, os.path.join(st, "x"), "x") == errno.EROFS
+    tgt = kubelet.publish(vid, st, capability=reader)
+    assert "ro" in mount_opts(tgt)
+    # the same stage again is the same capability: OK
+    kubelet.stage(vid, st, capability=reader)
+    pid = strata.daemon_pid(vid)
+    os.kill(pid, signal.SIGKILL)
+    poll(lambda: strata.daemon_pid(vid) not in (None, pid), timeout=60,
+         what="a healed daemon")
+    poll(lambda: answers(st), timeout=30, what="the healed staging mount")
+    assert "ro" in mount_opts(st)
+    kubelet.unpublish(vid, tgt)
+    kubelet.unstage(vid, st)
+    writer = kubelet.create("pvc-writer")
+    st2 = kubelet.stage(writer)
+    assert "rw" in mount_opts(st2)
+    kubelet.unstage(writer, st2)
