@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The code blocks of README.md and docs/*.md, and how each is checked.
+"""The code blocks of README.md, docs/*.md and the man pages' EXAMPLES, and
+how each is checked.
 
 Every fenced block is one of:
 
@@ -20,6 +21,11 @@ Every fenced block is one of:
   block that would not run anyway, is an error: the list of what is not
   run stays short and honest.
 
+A man page's examples are its ``.EX``/``.EE`` blocks under ``.SH EXAMPLES``,
+read as ```` ```sh ```` blocks once roff's escapes are undone; a roff
+comment ``.\\" doctest: skip REASON`` (or ``fstab MOUNTPOINT``) right above
+``.EX`` marks one as above.
+
 A page's blocks run inside a private mount namespace with fresh tmpfs on
 the directories the docs use (/srv, /run, /var/lib, /mnt, and
 /usr/local/bin holding the programs as `make install` puts them), so they
@@ -35,13 +41,18 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 PAGES = ["README.md"] + sorted(
-    str(p.relative_to(REPO)) for p in (REPO / "docs").glob("*.md"))
+    str(p.relative_to(REPO)) for p in (REPO / "docs").glob("*.md")) + sorted(
+    str(p.relative_to(REPO)) for p in (REPO / "man").glob("*.in"))
 
 # The directories a page may write to: each a fresh tmpfs for the page.
 SCRATCH = ["/srv", "/run", "/var/lib", "/mnt", "/usr/local/bin"]
 PAGE_TIMEOUT = 180
 
 MARKER = re.compile(r"^<!--\s*doctest:\s*(\w+)\s*(.*?)\s*-->\s*$")
+ROFF_MARKER = re.compile(r'^\.\\"\s*doctest:\s*(\w+)\s*(.*?)\s*$')
+# roff's escapes as the man pages use them, and what they print
+ROFF_ESCAPES = [("\\-", "-"), ("\\e", "\\"), ("\\(aq", "'"),
+                ("\\(dq", '"'), ("\\&", "")]
 FENCE = re.compile(r"^(\s*)```(\S*)\s*$")
 
 
@@ -90,9 +101,37 @@ def parse_session(text):
     return out
 
 
+def _roff_markdown(src):
+    """A man page's EXAMPLES as the markdown the rules above read: each
+    .EX/.EE block a ```sh fence, its marker comment an HTML one; one line
+    for each of the page's, so that a block's id names its real line."""
+    out, section, inside = [], "", False
+    for line in src:
+        if line.startswith(".SH "):
+            section = line[4:].strip()
+        m = ROFF_MARKER.match(line)
+        if section != "EXAMPLES":
+            line = ""
+        elif line.strip() in (".EX", ".EE"):
+            inside = line.strip() == ".EX"
+            line = "```sh" if inside else "```"
+        elif inside:
+            for esc, plain in ROFF_ESCAPES:
+                line = line.replace(esc, plain)
+        elif m:
+            line = f"<!-- doctest: {m.group(1)} {m.group(2)} -->"
+        else:
+            # prose between examples: keeps a marker off a later block
+            line = ""
+        out.append(line)
+    return out
+
+
 def blocks(page):
     """Every fenced block of a page, classified."""
     src = (REPO / page).read_text().split("\n")
+    if page.startswith("man/"):
+        src = _roff_markdown(src)
     found = []
     i = 0
     while i < len(src):

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Each code block of README.md and docs/*.md, run as written on a scratch
-root, its output compared with what the page shows (docblocks.py says
-how), so that the docs cannot drift from the programs."""
+"""Each code block of README.md, docs/*.md and the man pages' EXAMPLES, run
+as written on a scratch root, its output compared with what the page shows
+(docblocks.py says how), so that the docs cannot drift from the programs."""
 
 import os
 import shutil
