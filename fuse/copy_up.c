@@ -23,8 +23,28 @@
 
 #include "stratafs.h"
 
+/* progress is told between pieces of this size */
+#define SFS_COPY_PIECE (32 << 20)
+
+/* Copies a data range in pieces, telling P how far it got. */
+static int sfs_copy_range(int in, int out, off_t off, off_t len,
+			  struct sfs_progress *p)
+{
+	while (len > 0) {
+		off_t piece = len < SFS_COPY_PIECE ? len : SFS_COPY_PIECE;
+		int ret = sfs_io_copy_range(in, out, off, piece);
+
+		if (ret < 0)
+			return ret;
+		off += piece;
+		len -= piece;
+		sfs_progress_set(p, off);
+	}
+	return 0;
+}
+
 /* Copies the data ranges only, so holes stay holes. */
-static int sfs_copy_data(int in, int out, off_t size)
+static int sfs_copy_data(int in, int out, off_t size, struct sfs_progress *p)
 {
 	off_t off = 0;
 	int ret;
@@ -37,13 +57,13 @@ static int sfs_copy_data(int in, int out, off_t size)
 		if (data < 0 && errno == ENXIO)
 			break;	/* only a hole is left */
 		if (data < 0)
-			return sfs_io_copy_range(in, out, off, size - off);
+			return sfs_copy_range(in, out, off, size - off, p);
 		hole = lseek(in, data, SEEK_HOLE);
 		if (hole < 0)
 			hole = size;
 		if (hole > size)
 			hole = size;
-		ret = sfs_io_copy_range(in, out, data, hole - data);
+		ret = sfs_copy_range(in, out, data, hole - data, p);
 		if (ret < 0)
 			return ret;
 		off = hole;
@@ -55,6 +75,7 @@ static int sfs_copy_data(int in, int out, off_t size)
 static int sfs_copy_up_reg(struct sfs_node *n, const char *tmp,
 			   const struct stat *st, bool data)
 {
+	struct sfs_progress *prog;
 	int in = -1, out, ret = 0;
 
 	out = openat(sfs->tmpfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC,
@@ -67,7 +88,9 @@ static int sfs_copy_up_reg(struct sfs_node *n, const char *tmp,
 			ret = in;
 			goto out;
 		}
-		ret = sfs_copy_data(in, out, st->st_size);
+		prog = sfs_progress_begin(in, n->lower[0].layer, st->st_size);
+		ret = sfs_copy_data(in, out, st->st_size, prog);
+		sfs_progress_end(prog);
 		if (ret < 0)
 			goto out;
 	}

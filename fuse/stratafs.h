@@ -687,6 +687,13 @@ void sfs_control_close(struct sfs_fs *fs);
 int sfs_control_start(void);
 void sfs_control_stop(void);
 
+/* progress.c */
+struct sfs_progress;
+struct sfs_progress *sfs_progress_begin(int fd, int layer, off_t total);
+void sfs_progress_set(struct sfs_progress *p, off_t done);
+void sfs_progress_end(struct sfs_progress *p);
+int sfs_progress_verb(int argc, char **argv, char *out, size_t size);
+
 /* stats.c */
 extern struct strata_stats *sfs_stats;
 int sfs_stats_open(const char *path, bool fresh);

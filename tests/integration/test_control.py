@@ -5,11 +5,13 @@ only root (or the daemon's user) may ask."""
 
 import errno
 import os
+import pty
 import signal
 import socket
 import stat
 import subprocess
 import tempfile
+import threading
 import time
 
 import pytest
@@ -152,3 +154,81 @@ def test_not_a_socket_refused(stratafs_only, tmp_path):
     assert "exists, and is not a socket" in r.stderr
     assert path.read_text() == "keep me"
     assert not is_mounted(v.mnt)
+
+
+def big_lower(u, name, size):
+    """A lower file of `size` bytes of data (no holes: a copy-up copies it
+    all), written straight into the layer."""
+    with open(u.lpath(0, name), "wb") as f:
+        block = b"s" * (1 << 20)
+        for _ in range(size >> 20):
+            f.write(block)
+
+
+def test_progress_of_a_copy_up(stratafs_only, tmp_path):
+    """`progress` lists a big copy-up while it runs, by its path in the
+    layer, and nothing once it is done."""
+    sock = str(tmp_path / "c.sock")
+    u = stratafs_only.make([{"d": ("dir",)}], extra_opts=[f"control={sock}"])
+    size = 1 << 30
+    big_lower(u, "d/big file", size)
+    assert control_call(sock, "progress") == (0, "copyups=0")
+    seen = []
+    t = threading.Thread(target=lambda: open(u.path("d", "big file"), "ab").close())
+    t.start()
+    while t.is_alive():
+        status, text = control_call(sock, "progress")
+        assert status == 0
+        if text != "copyups=0":
+            seen.append(text)
+    t.join()
+    assert seen, "the copy-up ended before one look"
+    count, entry = seen[0].split(" ")
+    assert count == "copyups=1"
+    path, done, total = entry[len("copyup="):].split(":")
+    assert path == "d/big%20file" and int(total) == size
+    assert 0 <= int(done) <= size
+    assert control_call(sock, "progress") == (0, "copyups=0")
+    assert os.path.getsize(u.upath("d", "big file")) == size
+
+
+def test_progress_on_a_terminal(stratafs_only, tmp_path):
+    """In the foreground on a terminal, a big copy-up says how far it got;
+    with stderr not a terminal it says nothing."""
+    u = stratafs_only.make([{"big": ("file", "")}], mount=False)
+    big_lower(u, "big", 128 << 20)
+    master, slave = pty.openpty()
+    os.makedirs(u.mnt, exist_ok=True)
+    proc = subprocess.Popen([stratafs_binary(), "-f", "-o", u.options(), u.mnt],
+                            stdin=subprocess.DEVNULL, stdout=slave, stderr=slave,
+                            start_new_session=True)
+    os.close(slave)
+    try:
+        deadline = time.monotonic() + 30
+        while not is_mounted(u.mnt):
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
+        with open(u.path("big"), "ab"):
+            pass
+        subprocess.run(["umount", u.mnt], check=True)
+        assert proc.wait(60) == 0
+        out = b""
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            out += chunk
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
+    assert b"stratafs: copying up big: 128 of 128 MiB (100%)" in out, out
+    # the suite's own mounts write stderr to a file: silent there
+    v = stratafs_only.make([{"big": ("file", "")}])
+    big_lower(v, "big", 128 << 20)
+    with open(v.path("big"), "ab"):
+        pass
+    assert "copying up" not in v.stderr()
