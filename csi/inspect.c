@@ -17,6 +17,9 @@
 
 #include "csi.h"
 
+/* how long a look waits for a daemon's answer */
+#define CSI_INSPECT_CONTROL_MS 1000
+
 /* Seconds since the process with /proc start time `starttime` began. */
 static int64_t csi_inspect_uptime(unsigned long long starttime)
 {
@@ -28,6 +31,72 @@ static int64_t csi_inspect_uptime(unsigned long long starttime)
 		return 0;
 	up = (int64_t)now.tv_sec - (int64_t)(starttime / (unsigned long long)hz);
 	return up > 0 ? up : 0;
+}
+
+/* Undoes the daemon's escapes of a path field (fuse/progress.c), in place. */
+static void csi_inspect_unescape(char *s)
+{
+	char *w = s;
+
+	for (; *s; s++) {
+		unsigned v;
+
+		if (s[0] == '%' && sscanf(s + 1, "%2x", &v) == 1 && s[1] && s[2]) {
+			*w++ = (char)v;
+			s += 2;
+		} else {
+			*w++ = *s;
+		}
+	}
+	*w = '\0';
+}
+
+/*
+ * The copy-ups the daemon is making, as its control verb `progress`
+ * lists them. A daemon that does not answer at once shows none: a look
+ * never waits on a busy daemon.
+ */
+static int csi_inspect_copy_ups(struct csi_plugin *p, const char *id,
+				Strata__V1__VolumeState *s, struct csi_reply *r)
+{
+	static const char *const verb[] = { "progress" };
+	char out[8192], *save = NULL;
+	int n;
+
+	if (csi_control_call(&p->store, id, verb, 1, out, sizeof(out),
+			     CSI_INSPECT_CONTROL_MS) != 0 ||
+	    sscanf(out, "copyups=%d", &n) != 1 || n <= 0 || n > 64)
+		return 0;
+	s->copy_ups = csi_alloc(r, n * sizeof(*s->copy_ups));
+	if (!s->copy_ups)
+		return -ENOMEM;
+	for (char *f = strtok_r(out, " ", &save); f && (int)s->n_copy_ups < n;
+	     f = strtok_r(NULL, " ", &save)) {
+		Strata__V1__CopyUp *c;
+		char *total, *done;
+		long long d, t;
+
+		if (strncmp(f, "copyup=", 7) || !(total = strrchr(f, ':')))
+			continue;
+		*total++ = '\0';
+		if (!(done = strrchr(f, ':')))
+			continue;
+		*done++ = '\0';
+		if (sscanf(done, "%lld", &d) != 1 || sscanf(total, "%lld", &t) != 1)
+			continue;
+		c = csi_alloc(r, sizeof(*c));
+		if (!c)
+			return -ENOMEM;
+		strata__v1__copy_up__init(c);
+		csi_inspect_unescape(f + 7);
+		c->path = csi_strdup(r, f + 7);
+		if (!c->path)
+			return -ENOMEM;
+		c->done_bytes = d;
+		c->total_bytes = t;
+		s->copy_ups[s->n_copy_ups++] = c;
+	}
+	return 0;
 }
 
 /* The node's part: state, staging path, targets, daemon, condition. */
@@ -59,6 +128,8 @@ static int csi_inspect_node(struct csi_plugin *p, const struct csi_volume *v,
 		s->daemon_pid = n->pid;
 		s->uptime_seconds = csi_inspect_uptime(n->starttime);
 		csi_condition_layers(p, v, n, msg, sizeof(msg));
+		if (csi_inspect_copy_ups(p, v->id, s, r))
+			return -ENOMEM;
 	} else {
 		/* the watcher heals it within seconds; until then it is down */
 		snprintf(msg, sizeof(msg),

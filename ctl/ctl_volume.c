@@ -102,6 +102,15 @@ void ctl_print_volume_state(const Strata__V1__VolumeState *s)
 	}
 	if (*s->staging_path)
 		printf("restarts %d\n", (int)s->restarts);
+	for (size_t i = 0; i < s->n_copy_ups; i++) {
+		const Strata__V1__CopyUp *c = s->copy_ups[i];
+		char done[32], total[32];
+
+		ctl_fmt_size(done, sizeof(done), c->done_bytes);
+		ctl_fmt_size(total, sizeof(total), c->total_bytes);
+		printf("copy_up %s %s of %s (%d%%)\n", c->path, done, total,
+		       c->total_bytes ? (int)(c->done_bytes * 100 / c->total_bytes) : 0);
+	}
 	if (s->abnormal)
 		printf("condition abnormal: %s\n", s->condition);
 	else

@@ -13,6 +13,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 
 import pytest
@@ -363,3 +364,34 @@ def test_volume_needs_a_subcommand(strata):
     assert r.returncode == 2
     assert r.stderr.splitlines()[0] == ("stratactl: unknown command 'volume frob' "
                                         "(volume list, volume inspect ID)")
+
+
+@pytest.mark.timeout(120)
+def test_inspect_shows_a_copy_up_in_progress(strata, kubelet):
+    """A write to a big lower file waits for its copy-up: `volume inspect`
+    says how far it has got, from the daemon (fuse/progress.c)."""
+    size = 1 << 30
+    strata.make_layer("bigbase")
+    with open(strata.path("layers", "bigbase", "big.bin"), "wb") as f:
+        for _ in range(size >> 20):
+            f.write(b"b" * (1 << 20))
+    vid = kubelet.create("copying", layers="bigbase")
+    staging = kubelet.stage(vid)
+    seen = []
+    t = threading.Thread(target=lambda: open(os.path.join(staging, "big.bin"),
+                                             "ab").close())
+    t.start()
+    while t.is_alive():
+        r = ctl(strata, "--json", "volume", "inspect", vid)
+        assert r.returncode == 0, r.stderr
+        ups = json.loads(r.stdout)["volume"].get("copy_ups", [])
+        if ups:
+            seen.append((ups, ctl(strata, "volume", "inspect", vid).stdout))
+    t.join()
+    assert seen, "the copy-up ended before one look"
+    ups, text = seen[0]
+    assert ups[0]["path"] == "big.bin" and int(ups[0]["total_bytes"]) == size
+    assert 0 <= int(ups[0].get("done_bytes", 0)) <= size
+    assert re.search(r"^copy_up big\.bin \S+ of 1\.0Gi \(\d+%\)$", text, re.M), text
+    r = ctl(strata, "--json", "volume", "inspect", vid)
+    assert json.loads(r.stdout)["volume"]["copy_ups"] == []
