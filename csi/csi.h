@@ -125,9 +125,10 @@ struct csi_store {
 	int empty_fd; /* the base of a volume without layers */
 	int lock_fd;
 	pthread_mutex_t create_lock; /* CreateVolume's name lookup + create */
-	/* guards layer_busy; after create_lock, never before (layer.c) */
+	/* guards layer_busy, imports; after create_lock, never before (layer.c) */
 	pthread_mutex_t layer_lock;
 	int layer_busy;	/* layer imports and removals in flight */
+	struct csi_import *imports;	/* in flight, newest first */
 	pthread_mutex_t busy_lock;
 	struct csi_busy *busy; /* volume ids with an operation in flight */
 };
@@ -211,6 +212,14 @@ struct csi_target {
 };
 
 /* Node state of one volume: node/<id>.json. */
+/* A layer import in flight: how far it has read its archive. */
+struct csi_import {
+	struct csi_import *next;
+	const char *name;
+	int fd;			/* the archive: the child reads it, so its offset */
+	off_t total;
+};
+
 struct csi_node_vol {
 	char id[CSI_VOLUME_ID_LEN + 1];
 	char *staging;

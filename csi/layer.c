@@ -191,19 +191,25 @@ static void csi_layer_import_reply(struct csi_reply *r,
 }
 
 /* One import or removal fewer in flight. */
-static void csi_layer_idle(struct csi_store *s)
+static void csi_layer_idle(struct csi_store *s, struct csi_import *im)
 {
 	pthread_mutex_lock(&s->layer_lock);
 	s->layer_busy--;
+	for (struct csi_import **pp = &s->imports; *pp; pp = &(*pp)->next)
+		if (*pp == im) {
+			*pp = im->next;
+			break;
+		}
 	pthread_mutex_unlock(&s->layer_lock);
 }
 
 /*
- * Makes layers/<tmp>, a new hidden directory, counted in layer_busy
- * until csi_layer_idle(); leftovers of calls cut short go first.
+ * Makes layers/<tmp>, a new hidden directory, counted in layer_busy (and
+ * IM listed in the imports) until csi_layer_idle(); leftovers of calls
+ * cut short go first.
  */
 static int csi_layer_start(struct csi_store *s, const char *name, char *tmp,
-			   size_t size)
+			   size_t size, struct csi_import *im)
 {
 	int ret;
 
@@ -214,8 +220,11 @@ static int csi_layer_start(struct csi_store *s, const char *name, char *tmp,
 	/* 0700 until whole: nobody reads a half layer through its name */
 	if (!ret && mkdirat(s->layers_fd, tmp, 0700) < 0)
 		ret = -errno;
-	if (!ret)
+	if (!ret) {
 		s->layer_busy++;
+		im->next = s->imports;
+		s->imports = im;
+	}
 	pthread_mutex_unlock(&s->layer_lock);
 	return ret;
 }
@@ -225,16 +234,18 @@ static int csi_layer_start(struct csi_store *s, const char *name, char *tmp,
  * Returns 0, or -errno with r answered.
  */
 static int csi_layer_build(struct csi_plugin *p, struct csi_reply *r,
-			   const Strata__V1__ImportLayerRequest *req, int fd)
+			   const Strata__V1__ImportLayerRequest *req, int fd,
+			   off_t size)
 {
 	struct csi_store *s = &p->store;
 	char tmp[CSI_LAYER_NAME_MAX + 64], msg[600];
 	struct csi_layer_job job = { .fd = fd, .path = req->path,
 				     .parent = getpid() };
+	struct csi_import im = { .name = req->name, .fd = fd, .total = size };
 	size_t len = 0;
 	int ret;
 
-	ret = csi_layer_start(s, req->name, tmp, sizeof(tmp));
+	ret = csi_layer_start(s, req->name, tmp, sizeof(tmp), &im);
 	if (ret) {
 		csi_reply_errno(r, ret, "making the new layer's directory");
 		return ret;
@@ -271,13 +282,13 @@ static int csi_layer_build(struct csi_plugin *p, struct csi_reply *r,
 	}
 	fsync(s->layers_fd);
 	close(job.dir);
-	csi_layer_idle(s);
+	csi_layer_idle(s, &im);
 	return 0;
 out_close:
 	close(job.dir);
 out_remove:
 	strata_rmtree_at(s->layers_fd, tmp);
-	csi_layer_idle(s);
+	csi_layer_idle(s, &im);
 	return ret;
 }
 
@@ -332,7 +343,7 @@ void csi_admin_import_layer(struct csi_plugin *p, const ProtobufCMessage *msg,
 			csi_reply_errno(r, ret, "looking the layer up");
 		goto out_close;
 	}
-	ret = csi_layer_build(p, r, req, fd);
+	ret = csi_layer_build(p, r, req, fd, st.st_size);
 	if (ret)
 		goto out_close;
 	strata_info("layer %s imported from %s", req->name, req->path);
@@ -389,6 +400,41 @@ static int csi_layer_names(struct csi_store *s, char ***names, int *count)
 	return 0;
 }
 
+/*
+ * The imports in flight into OUT: how far each child has read its
+ * archive is the offset of the descriptor it shares with the plugin.
+ */
+static int csi_layer_importing(struct csi_store *s, struct csi_reply *r,
+			       Strata__V1__ListLayersResponse *out)
+{
+	int ret = 0, n = 0;
+
+	pthread_mutex_lock(&s->layer_lock);
+	for (struct csi_import *im = s->imports; im; im = im->next)
+		n++;
+	out->importing = csi_alloc(r, sizeof(*out->importing) * (n ? n : 1));
+	if (!out->importing)
+		ret = -ENOMEM;
+	/* the list is newest first; the reply, oldest first */
+	out->n_importing = n;
+	for (struct csi_import *im = s->imports; !ret && im; im = im->next) {
+		Strata__V1__LayerImport *li = csi_alloc(r, sizeof(*li));
+		off_t done = lseek(im->fd, 0, SEEK_CUR);
+
+		if (li)
+			strata__v1__layer_import__init(li);
+		if (!li || !(li->name = csi_strdup(r, im->name))) {
+			ret = -ENOMEM;
+			break;
+		}
+		li->done_bytes = done < 0 ? 0 : done;
+		li->total_bytes = im->total;
+		out->importing[--n] = li;
+	}
+	pthread_mutex_unlock(&s->layer_lock);
+	return ret;
+}
+
 void csi_admin_list_layers(struct csi_plugin *p, const ProtobufCMessage *msg,
 			   struct csi_reply *r)
 {
@@ -426,7 +472,9 @@ void csi_admin_list_layers(struct csi_plugin *p, const ProtobufCMessage *msg,
 		}
 	}
 	out->n_layers = n;
-	csi_reply_ok(r, out);
+	ret = csi_layer_importing(&p->store, r, out);
+	if (ret == 0)
+		csi_reply_ok(r, out);
 out:
 	if (ret)
 		csi_reply_errno(r, ret, "listing the layers");
@@ -505,7 +553,7 @@ void csi_admin_delete_layer(struct csi_plugin *p, const ProtobufCMessage *msg,
 	/* gone by name now: the tree goes with no lock held */
 	pthread_mutex_unlock(&s->create_lock);
 	ret = strata_rmtree_at(s->layers_fd, hidden);
-	csi_layer_idle(s);
+	csi_layer_idle(s, NULL);
 	if (ret)
 		strata_warn("layer %s: removing %s/layers/%s: %s; the next import or start removes it",
 			    req->name, s->root, hidden, strerror(-ret));

@@ -117,6 +117,10 @@ enum ctl_cap {
  * makes the call from the fields below `method`; `run` replaces it where
  * one call is not enough (list-volumes --all).
  */
+struct ctl_poll;
+/* Refreshes a progress line's text, each second: 0 when BUF holds one. */
+typedef int (*ctl_progress_fn)(void *arg, char *buf, size_t size);
+
 struct ctl_cmd {
 	const char *name;
 	const char *synopsis;	/* what follows the name */
@@ -141,6 +145,14 @@ struct ctl_cmd {
 	int (*run)(struct ctl *ctl);
 	/* The progress line while a call takes long, after "NAME ID: ". */
 	const char *waiting;
+	/* How far it has got; its argument is the call's struct ctl_poll */
+	ctl_progress_fn progress;
+};
+
+/* A progress line's own connection to the plugin, opened on first use. */
+struct ctl_poll {
+	struct ctl *ctl;
+	struct csi_client *client;
 };
 
 /* The RPC of a command: its path and the descriptors of its messages. */
@@ -214,6 +226,7 @@ void ctl_text_volume_inspect(struct ctl *ctl, const ProtobufCMessage *reply);
 int ctl_build_import_layer(struct ctl *ctl, ProtobufCMessage *req);
 void ctl_text_import_layer(struct ctl *ctl, const ProtobufCMessage *reply);
 void ctl_text_list_layers(struct ctl *ctl, const ProtobufCMessage *reply);
+int ctl_progress_import(void *arg, char *buf, size_t size);
 void ctl_text_delete_layer(struct ctl *ctl, const ProtobufCMessage *reply);
 
 /* ctl_json.c */
@@ -229,7 +242,8 @@ void ctl_fmt_size(char *buf, size_t size, int64_t bytes);
 
 /* ctl_progress.c: NULL when stderr is no terminal (then all are no-ops) */
 struct ctl_progress;
-struct ctl_progress *ctl_progress_start(const char *what);
+struct ctl_progress *ctl_progress_start(const char *what, ctl_progress_fn fn,
+					void *arg);
 void ctl_progress_set(struct ctl_progress *pg, const char *what);
 void ctl_progress_stop(struct ctl_progress *pg);
 

@@ -23,6 +23,7 @@ int ctl_call_quiet(struct ctl *ctl, const char *method,
 			  ProtobufCMessage **out, enum csi_code *code,
 			  char **details, int timeout_ms)
 {
+	struct ctl_poll poll = { .ctl = ctl };
 	struct ctl_progress *pg = NULL;
 	int ret;
 
@@ -39,11 +40,12 @@ int ctl_call_quiet(struct ctl *ctl, const char *method,
 		snprintf(what, sizeof(what), "%s%s%s: %s", ctl->cmd->name,
 			 ctl->a.npos ? " " : "", ctl->a.npos ? ctl->a.pos[0] : "",
 			 ctl->cmd->waiting);
-		pg = ctl_progress_start(what);
+		pg = ctl_progress_start(what, ctl->cmd->progress, &poll);
 	}
 	ret = csi_client_call(ctl->client, method, req, out_desc, out, code,
 			      details, timeout_ms);
 	ctl_progress_stop(pg);
+	csi_client_close(poll.client);
 	return ret;
 }
 

@@ -1,9 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 /*
  * Progress of a call that takes a while (a stage waiting for its daemon,
- * probe --wait), shown to a person and to nobody else: one line on
- * stderr, rewritten in place once a second, only when stderr is a
- * terminal, and wiped when the call ends. Scripts and logs see nothing.
+ * probe --wait, a layer import), shown to a person and to nobody else:
+ * one line on stderr, rewritten in place once a second, only when stderr
+ * is a terminal, and wiped when the call ends. Scripts and logs see
+ * nothing. A call that can say how far it got refreshes the line's text
+ * each second through its own function (a layer import asks the plugin).
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -25,6 +27,8 @@ struct ctl_progress {
 	bool shown;
 	char what[256];
 	struct timespec start;
+	ctl_progress_fn fn;
+	void *arg;
 };
 
 static void *ctl_progress_main(void *arg)
@@ -40,6 +44,17 @@ static void *ctl_progress_main(void *arg)
 			;
 		if (pg->done)
 			break;
+		if (pg->fn) {
+			char what[sizeof(pg->what)];
+
+			/* a call to the plugin: not under the lock stop waits on */
+			pthread_mutex_unlock(&pg->lock);
+			if (pg->fn(pg->arg, what, sizeof(what)) == 0)
+				ctl_progress_set(pg, what);
+			pthread_mutex_lock(&pg->lock);
+			if (pg->done)
+				break;
+		}
 		fprintf(stderr, "\r\033[K" CTL_PROG ": %s (%lds)", pg->what,
 			(long)(at.tv_sec - pg->start.tv_sec));
 		pg->shown = true;
@@ -50,7 +65,8 @@ static void *ctl_progress_main(void *arg)
 	return NULL;
 }
 
-struct ctl_progress *ctl_progress_start(const char *what)
+struct ctl_progress *ctl_progress_start(const char *what, ctl_progress_fn fn,
+					void *arg)
 {
 	struct ctl_progress *pg;
 	pthread_condattr_t ca;
@@ -61,6 +77,8 @@ struct ctl_progress *ctl_progress_start(const char *what)
 	if (!pg)
 		ctl_oom();
 	snprintf(pg->what, sizeof(pg->what), "%s", what);
+	pg->fn = fn;
+	pg->arg = arg;
 	pthread_mutex_init(&pg->lock, NULL);
 	pthread_condattr_init(&ca);
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);

@@ -494,7 +494,7 @@ static int ctl_probe(struct ctl *ctl)
 	clock_gettime(CLOCK_MONOTONIC, &start);
 	snprintf(line, sizeof(line), "probe: waiting for the plugin at %s",
 		 ctl->endpoint);
-	pg = ctl_progress_start(line);
+	pg = ctl_progress_start(line, NULL, NULL);
 	for (;;) {
 		ProtobufCMessage *out;
 		enum csi_code code;
@@ -775,6 +775,7 @@ static const struct ctl_cmd ctl_cmds[] = {
 		CTL_ADMIN_RPC(ImportLayer, import_layer),
 		.build = ctl_build_import_layer, .text = ctl_text_import_layer,
 		.waiting = "extracting in the plugin",
+		.progress = ctl_progress_import,
 	},
 	{
 		.name = "layer list", .synopsis = "",

@@ -6,6 +6,10 @@ archives written here, and volumes staged over what was imported."""
 import io
 import json
 import os
+import pty
+import re
+import select
+import signal
 import stat
 import subprocess
 import tarfile
@@ -413,3 +417,57 @@ def test_import_blocks_no_other_layer_call(env, strata, kubelet):
     assert slow.returncode == 1 and "ALREADY_EXISTS: layer app already exists" in err, err
     assert sorted(os.listdir(layers)) == ["app", "base"]
     assert read_file(os.path.join(layers, "app", "etc/hello.txt")) == "hello\n"
+
+
+@pytest.mark.timeout(180)
+def test_import_progress(env, strata):
+    """While an archive extracts, ListLayers lists the import with how much
+    of the archive the plugin has read, and `layer import` on a terminal
+    shows it in its progress line."""
+    blob = os.path.join(env.base, "blob")
+    with open(blob, "wb") as f:
+        f.truncate(512 << 20)
+    # plain tar: its bytes are read as they extract, not all at once
+    path = os.path.join(env.base, "big.tar")
+    subprocess.run(["tar", "-C", env.base, "-cf", path, "blob"], check=True)
+    os.unlink(blob)
+    size = os.path.getsize(path)
+    master, slave = pty.openpty()
+    imp = subprocess.Popen([stratactl_binary(), "--endpoint", strata.endpoint,
+                            "layer", "import", "big", path],
+                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                           stderr=slave)
+    os.close(slave)
+    layers = strata.path("layers")
+    stopped = []
+    try:
+        poll(lambda: [n for n in os.listdir(layers) if n.startswith(".import-big-")]
+             and children(strata.proc.pid), timeout=30,
+             what="the extraction to start")
+        stopped = children(strata.proc.pid)
+        for k in stopped:
+            os.kill(k, signal.SIGSTOP)
+        j = parse(ctl(strata, "layer", "list", as_json=True))
+        assert [i["name"] for i in j["importing"]] == ["big"]
+        im = j["importing"][0]
+        assert int(im["total_bytes"]) == size
+        assert 0 < int(im["done_bytes"]) <= size
+        assert "big" not in [l["name"] for l in j["layers"]]
+        rows = ok(ctl(strata, "layer", "list")).stdout.splitlines()
+        assert re.fullmatch(r"big +importing: \S+ of 512\.\dMi read", rows[-1]), rows
+        # the line refreshes once a second: two and a half seconds show it
+        out = b""
+        end = time.monotonic() + 2.5
+        while time.monotonic() < end:
+            if select.select([master], [], [], 0.1)[0]:
+                out += os.read(master, 4096)
+        text = out.decode(errors="replace")
+        assert re.search(r"layer import big: extracting in the plugin, "
+                         r"\S+ of 512\.\dMi read \(\d+%\) \(\d+s\)", text), text
+    finally:
+        for k in stopped:
+            os.kill(k, signal.SIGCONT)
+    assert imp.wait(120) == 0
+    os.close(master)
+    j = parse(ctl(strata, "layer", "list", as_json=True))
+    assert j["importing"] == [] and "big" in [l["name"] for l in j["layers"]]
