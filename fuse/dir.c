@@ -128,6 +128,8 @@ static int sfs_create(struct sfs_node *dir, const char *name,
 	/* a full volume takes no new entry: it may need a block */
 	if (sfs_usage_room(1) < 0)
 		return -ENOSPC;
+	/* the directory grows a block now and then as entries are added */
+	sfs_usage_seed(dir, dirfd);
 	if (ret == 0) {
 		ret = sfs_make_at(dirfd, name, ne);
 		if (ret < 0)
@@ -163,6 +165,7 @@ static int sfs_create(struct sfs_node *dir, const char *name,
 		sfs_usage_charge(0, -1);
 	}
 	sfs_usage_entry(dirfd, name);
+	sfs_usage_track(dir, dirfd);
 	sfs_node_dir_changed(dir, S_ISDIR(ne->mode));
 	return sfs_lookup_node(dir, name, out);
 }
@@ -443,8 +446,15 @@ static int sfs_remove(struct sfs_node *dir, const char *name, bool isdir,
 		state = sfs_upper_state(dirfd, name, &st);
 	if (state < 0)
 		return state;
-	if (state == 0)
-		return positive ? sfs_whiteout_create(dirfd, name) : -ENOENT;
+	if (state == 0 && !positive)
+		return -ENOENT;
+	if (state == 0) {
+		/* a new name in the directory, which may grow a block */
+		sfs_usage_seed(dir, dirfd);
+		ret = sfs_whiteout_create(dirfd, name);
+		sfs_usage_track(dir, dirfd);
+		return ret;
+	}
 	if (positive)
 		return sfs_whiteout_replace(dirfd, name);
 	if (!isdir)

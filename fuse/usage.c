@@ -13,12 +13,12 @@
  *    (sfs_node.ublocks, seeded before its first change);
  *  - copy-up: the copy's blocks and one inode;
  *  - create, mkdir, mknod, symlink, O_TMPFILE, whiteouts: the entry's
- *    blocks and one inode;
+ *    blocks and one inode, and the blocks the directory grew by;
  *  - unlink, rmdir, a rename over a name: the inode's blocks and the
  *    inode once the last name went, and for an open file at its last
  *    close (until then the blocks stay taken on the disk too).
- * Approximations, all small and none a walk: a directory's growth as
- * entries are added is not counted; whiteouts inside a removed
+ * Approximations, all small and none a walk: a directory's growth by
+ * copy-ups, renames and links into it is not counted; whiteouts inside a removed
  * directory are not given back; files in the hardlink index are
  * counted at copy-up and not given back. A walk at the next start
  * without a clean usage file puts all of it right.
