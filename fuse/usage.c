@@ -537,6 +537,12 @@ int sfs_capacity_verb(int argc, char **argv, char *out, size_t size)
 		snprintf(out, size, "capacity: the mount has no upper layer");
 		return -EROFS;
 	}
+	if (cap && sfs->params.passthrough) {
+		snprintf(out, size, "capacity: the mount runs with passthrough, "
+			 "where the kernel writes without the daemon: no limit "
+			 "could be kept");
+		return -EINVAL;
+	}
 	atomic_store(&sfs->usage.capacity, cap);
 	atomic_fetch_add(&sfs->usage.changes, 1);
 	snprintf(out, size, "capacity=%" PRIu64, cap);

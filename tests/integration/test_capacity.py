@@ -299,6 +299,13 @@ def test_bad_options_refused(tmp_path):
     assert "capacity=" not in refused(tmp_path, "capacity=0,passthrough,bogus=1")
 
 
+def test_no_live_capacity_with_passthrough(stratafs_only, tmp_path):
+    u, sock, _ = mount_cap(stratafs_only, tmp_path, None, extra=["passthrough"])
+    status, text = control_call(sock, "capacity", str(MiB))
+    assert status == -errno.EINVAL and "passthrough" in text
+    assert control_call(sock, "capacity", "0") == (0, "capacity=0")
+
+
 def test_ext4_upper_full_before_the_capacity(stratafs_only, tmp_path):
     if not shutil.which("mkfs.ext4") or not os.path.exists("/dev/loop-control"):
         pytest.skip("needs mkfs.ext4 and loop devices (/dev/loop-control)")
