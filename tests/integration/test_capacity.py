@@ -15,6 +15,7 @@ import pytest
 
 from strata_common import control_call
 from stratatest import stratafs_binary, wait_for_mount
+from test_tmpfile import name_it
 from test_worker import worker_of
 
 MiB = 1 << 20
@@ -161,7 +162,7 @@ def test_verbs_and_a_live_raise(stratafs_only, tmp_path):
 
 
 def test_counts_follow_changes(stratafs_only, tmp_path):
-    u, sock, _ = mount_cap(stratafs_only, tmp_path, 64 * MiB,
+    u, sock, ufile = mount_cap(stratafs_only, tmp_path, 64 * MiB,
                            lowers=[{"low": "L" * 300000, "d/x": "1"}])
     base = usage(sock)
     with open(u.path("f"), "wb") as f:
@@ -194,9 +195,24 @@ def test_counts_follow_changes(stratafs_only, tmp_path):
     # the kernel sends RELEASE after close(2) has returned
     wait_for(lambda: held - usage(sock)["used"] >= MiB,
              "the room of a removed file back at its last close")
+    # O_TMPFILE: counted while open, given back unless it got a name
+    before = usage(sock)
+    fd = os.open(u.mnt, os.O_TMPFILE | os.O_RDWR, 0o600)
+    os.write(fd, b"t" * MiB)
+    assert usage(sock)["inodes"] == before["inodes"] + 1
+    os.close(fd)
+    wait_for(lambda: usage(sock) == before, "an unnamed O_TMPFILE given back")
+    fd = os.open(u.mnt, os.O_TMPFILE | os.O_WRONLY, 0o600)
+    os.write(fd, b"n" * (256 * 1024))
+    name_it(fd, u.path("named"))
+    os.close(fd)
+    # a rename of a lower file: copy-up, and a whiteout where it was
+    os.rename(u.path("d", "x"), u.path("moved"))
     u.unmount()
-    # the daemon's own count is what a walk of the layers finds
-    assert walk_usage(u.upper, u.work) == (end["used"], end["inodes"])
+    # the daemon's own count, saved at the end, is what a walk finds
+    used, inodes = walk_usage(u.upper, u.work)
+    assert read_file(ufile).decode() == (
+        f"strata-usage 1\nbytes={used}\ninodes={inodes}\nclean=1\n")
 
 
 def test_unlink_frees_room(stratafs_only, tmp_path):
