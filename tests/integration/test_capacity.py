@@ -329,6 +329,31 @@ def test_bad_options_refused(tmp_path):
     assert "capacity=" not in refused(tmp_path, "capacity=0,passthrough,bogus=1")
 
 
+def test_usagefile_where_it_cannot_be_written(tmp_path):
+    err = refused(tmp_path, f"usagefile={tmp_path}/missing/usage")
+    assert f"usagefile={tmp_path}/missing/usage: No such file or directory" in err
+
+
+def test_capacity_below_the_usage(stratafs_only, tmp_path):
+    # a volume remounted with less room than it already uses
+    u, sock, _ = mount_cap(stratafs_only, tmp_path, 4 * MiB)
+    with open(u.path("f"), "wb") as f:
+        f.write(b"f" * (2 * MiB))
+    assert control_call(sock, "capacity", str(MiB))[0] == 0
+    sv = os.statvfs(u.mnt)
+    assert sv.f_blocks * sv.f_frsize == MiB and sv.f_bavail == 0
+    with pytest.raises(OSError) as e:
+        with open(u.path("f"), "ab") as f:
+            f.write(b"x")
+    assert e.value.errno == errno.ENOSPC
+    # what is there stays readable, and can be removed to make room
+    assert read_file(u.path("f")) == b"f" * (2 * MiB)
+    os.unlink(u.path("f"))
+    wait_for(lambda: usage(sock)["used"] < MiB, "the room back")
+    with open(u.path("g"), "wb") as f:
+        f.write(b"g" * 4096)
+
+
 def test_no_live_capacity_with_passthrough(stratafs_only, tmp_path):
     u, sock, _ = mount_cap(stratafs_only, tmp_path, None, extra=["passthrough"])
     status, text = control_call(sock, "capacity", str(MiB))
