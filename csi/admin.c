@@ -211,7 +211,7 @@ const struct csi_method csi_admin_methods[] = {
 	{ "/strata.v1.Admin/ReplaceWorker",
 	  &strata__v1__replace_worker_request__descriptor,
 	  csi_admin_replace_worker, CSI_MODE_NODE, true },
-	/* blocking: they walk every upper layer for its usage */
+	/* blocking: they ask each volume's daemon for its usage */
 	{ "/strata.v1.Admin/ListVolumeStates",
 	  &strata__v1__list_volume_states_request__descriptor,
 	  csi_admin_list_volume_states, CSI_MODE_NODE, true },

@@ -296,6 +296,15 @@ static void csi_create_volume(struct csi_plugin *p, const ProtobufCMessage *msg,
 	 */
 	pthread_mutex_lock(&p->store.create_lock);
 	ret = csi_params_check(p, &want, req, why, sizeof(why));
+	/*
+	 * The daemon keeps a capacity by seeing every write; passthrough
+	 * files are written by the kernel alone, past any limit.
+	 */
+	if (ret == 0 && want.passthrough && want.capacity > 0) {
+		snprintf(why, sizeof(why),
+			 "parameter passthrough=true and a capacity_range do not go together: with passthrough the kernel writes files without the daemon, so the capacity could not be enforced; leave out one of them");
+		ret = -EINVAL;
+	}
 	if (ret) {
 		if (ret == -EINVAL)
 			csi_reply_set(r, CSI_INVALID_ARGUMENT, "%s", why);
@@ -632,6 +641,7 @@ static void csi_controller_caps(struct csi_plugin *p, const ProtobufCMessage *ms
 		CSI__V1__CONTROLLER_SERVICE_CAPABILITY__RPC__TYPE__SINGLE_NODE_MULTI_WRITER,
 		CSI__V1__CONTROLLER_SERVICE_CAPABILITY__RPC__TYPE__GET_VOLUME,
 		CSI__V1__CONTROLLER_SERVICE_CAPABILITY__RPC__TYPE__VOLUME_CONDITION,
+		CSI__V1__CONTROLLER_SERVICE_CAPABILITY__RPC__TYPE__EXPAND_VOLUME,
 	};
 
 	csi_reply_caps(r, &csi__v1__controller_get_capabilities_response__descriptor,
@@ -662,5 +672,8 @@ const struct csi_method csi_controller_methods[] = {
 	{ "/csi.v1.Controller/ControllerGetCapabilities",
 	  &csi__v1__controller_get_capabilities_request__descriptor,
 	  csi_controller_caps, CSI_MODE_CONTROLLER, false },
+	{ "/csi.v1.Controller/ControllerExpandVolume",
+	  &csi__v1__controller_expand_volume_request__descriptor,
+	  csi_controller_expand, CSI_MODE_CONTROLLER, true },
 	{ NULL },
 };

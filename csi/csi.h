@@ -383,6 +383,7 @@ int csi_volume_load(struct csi_store *s, const char *id, struct csi_volume *v);
 int csi_volume_find(struct csi_store *s, const char *name, bool ephemeral,
 		    struct csi_volume *v);
 int csi_volume_create(struct csi_store *s, struct csi_volume *v);
+int csi_volume_save(struct csi_store *s, const struct csi_volume *v);
 int csi_volume_served(struct csi_store *s, const char *id);
 int csi_volume_delete(struct csi_store *s, const char *id);
 int csi_store_scan(int dirfd, const char *suffix, char ***ids, int *count);
@@ -394,10 +395,26 @@ int csi_layer_open(struct csi_store *s, const char *name);
 int csi_layers_check(struct csi_plugin *p, struct csi_volume *v,
 		     const char *list, char *why, size_t size);
 
-/* store.c: usage */
+/* store.c: what a layer's tree holds on disk */
 int csi_tree_usage(const char *path, int64_t *bytes, int64_t *inodes);
-int csi_volume_usage(struct csi_store *s, const char *id, int64_t *bytes,
-		     int64_t *inodes);
+
+/* usage.c: a volume's usage, from its daemon's counters */
+struct csi_usage {
+	int64_t bytes;		/* allocated by its upper layer */
+	int64_t inodes;
+	int64_t capacity;	/* the daemon's limit (0: none), -1 unknown */
+	bool live;		/* from the daemon; else its usage file */
+	char why[160];		/* when not live: why the daemon did not say */
+};
+int csi_usage_get(struct csi_store *s, const char *id, struct csi_usage *u);
+int csi_usage_set_capacity(struct csi_store *s, const char *id, int64_t cap,
+			   char *why, size_t size);
+
+/* expand.c: ControllerExpandVolume and NodeExpandVolume */
+void csi_controller_expand(struct csi_plugin *p, const ProtobufCMessage *msg,
+			   struct csi_reply *r);
+void csi_node_expand(struct csi_plugin *p, const ProtobufCMessage *msg,
+		     struct csi_reply *r);
 
 /* state.c: node records */
 int csi_state_load(struct csi_store *s, const char *id, struct csi_node_vol *n);

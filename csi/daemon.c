@@ -257,7 +257,7 @@ static int csi_daemon_opts(struct csi_plugin *p, const struct csi_volume *v,
 {
 	struct csi_store *s = &p->store;
 	char *root = csi_opt_escape(s->root);
-	size_t cap = 360 + (root ? 5 * strlen(root) : 0) +
+	size_t cap = 440 + (root ? 6 * strlen(root) : 0) +
 		     32 * (v->nlayers + 1);
 	char *o = malloc(cap);
 	size_t len;
@@ -289,10 +289,20 @@ static int csi_daemon_opts(struct csi_plugin *p, const struct csi_volume *v,
 	}
 	if (!v->nlayers)
 		len += snprintf(o + len, cap - len, "%s/empty", root);
-	snprintf(o + len, cap - len,
-		 ",upperdir=%s/volumes/%s/upper,workdir=%s/volumes/%s/work,allow_other,statsfile=%s/node/%s.stats,control=%s/node/%s.ctl%s",
-		 root, v->id, root, v->id, root, v->id, root, v->id,
-		 v->passthrough ? ",passthrough" : "");
+	/*
+	 * The capacity is the daemon's to keep, except with passthrough
+	 * (the kernel writes past the daemon; CreateVolume refuses the mix,
+	 * and a record from before keeps its capacity as a number only).
+	 */
+	len += snprintf(o + len, cap - len,
+			",upperdir=%s/volumes/%s/upper,workdir=%s/volumes/%s/work,allow_other,statsfile=%s/node/%s.stats,control=%s/node/%s.ctl,usagefile=%s/volumes/%s/usage",
+			root, v->id, root, v->id, root, v->id, root, v->id,
+			root, v->id);
+	if (v->passthrough)
+		snprintf(o + len, cap - len, ",passthrough");
+	else if (v->capacity > 0)
+		snprintf(o + len, cap - len, ",capacity=%lld",
+			 (long long)v->capacity);
 	free(root);
 	*opts = o;
 	return 0;

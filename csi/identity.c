@@ -26,18 +26,27 @@ static void csi_get_plugin_caps(struct csi_plugin *p, const ProtobufCMessage *re
 				struct csi_reply *r)
 {
 	Csi__V1__GetPluginCapabilitiesResponse *out = csi_alloc(r, sizeof(*out));
+	Csi__V1__PluginCapability *exp = csi_alloc(r, sizeof(*exp));
+	Csi__V1__PluginCapability__VolumeExpansion *ve =
+		csi_alloc(r, sizeof(*ve));
 	int types[2], n = 0;
 
 	if (p->cfg.modes & CSI_MODE_CONTROLLER)
 		types[n++] = CSI__V1__PLUGIN_CAPABILITY__SERVICE__TYPE__CONTROLLER_SERVICE;
 	/* volumes live on one node: the CO must schedule their pods there */
 	types[n++] = CSI__V1__PLUGIN_CAPABILITY__SERVICE__TYPE__VOLUME_ACCESSIBILITY_CONSTRAINTS;
-	if (!out)
+	if (!out || !exp || !ve)
 		goto out_nomem;
 	csi__v1__get_plugin_capabilities_response__init(out);
-	out->capabilities = csi_alloc(r, n * sizeof(*out->capabilities));
+	out->capabilities = csi_alloc(r, (n + 1) * sizeof(*out->capabilities));
 	if (!out->capabilities)
 		goto out_nomem;
+	/* a capacity grows while the volume is in use: the daemon is told */
+	csi__v1__plugin_capability__init(exp);
+	csi__v1__plugin_capability__volume_expansion__init(ve);
+	ve->type = CSI__V1__PLUGIN_CAPABILITY__VOLUME_EXPANSION__TYPE__ONLINE;
+	exp->type_case = CSI__V1__PLUGIN_CAPABILITY__TYPE_VOLUME_EXPANSION;
+	exp->volume_expansion = ve;
 	for (int i = 0; i < n; i++) {
 		Csi__V1__PluginCapability *c = csi_alloc(r, sizeof(*c));
 		Csi__V1__PluginCapability__Service *s = csi_alloc(r, sizeof(*s));
@@ -51,6 +60,7 @@ static void csi_get_plugin_caps(struct csi_plugin *p, const ProtobufCMessage *re
 		c->service = s;
 		out->capabilities[out->n_capabilities++] = c;
 	}
+	out->capabilities[out->n_capabilities++] = exp;
 	csi_reply_ok(r, out);
 	return;
 out_nomem:

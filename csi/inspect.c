@@ -159,7 +159,7 @@ static int csi_inspect_one(struct csi_plugin *p, const char *id,
 	Strata__V1__VolumeState *s = csi_alloc(r, sizeof(*s));
 	struct csi_volume v = { 0 };
 	struct csi_node_vol n = { 0 };
-	int64_t bytes, inodes;
+	struct csi_usage use;
 	int ret;
 
 	if (!s)
@@ -188,8 +188,8 @@ static int csi_inspect_one(struct csi_plugin *p, const char *id,
 	}
 	s->n_layers = v.nlayers;
 	s->capacity_bytes = v.capacity;
-	if (csi_volume_usage(&p->store, id, &bytes, &inodes) == 0)
-		s->used_bytes = bytes;
+	if (csi_usage_get(&p->store, id, &use) == 0)
+		s->used_bytes = use.bytes;
 	s->state = "created";
 	ret = csi_state_load(&p->store, id, &n);
 	if (ret == 0) {

@@ -1022,8 +1022,11 @@ static Csi__V1__VolumeUsage *csi_usage(struct csi_reply *r, int unit,
 }
 
 /*
- * The volume's usage is its upper layer: what it wrote, against its
- * capacity when it has one, else against the store's filesystem.
+ * The volume's usage is its upper layer: what it allocated, as its
+ * daemon counts it (csi/usage.c, no walk), against its capacity when it
+ * has one, else against the store's filesystem. A daemon that does not
+ * answer leaves the numbers it last saved, and the volume's condition
+ * says so.
  */
 static void csi_node_stats(struct csi_plugin *p, const ProtobufCMessage *msg,
 			   struct csi_reply *r)
@@ -1031,7 +1034,8 @@ static void csi_node_stats(struct csi_plugin *p, const ProtobufCMessage *msg,
 	const Csi__V1__NodeGetVolumeStatsRequest *req = (const void *)msg;
 	Csi__V1__NodeGetVolumeStatsResponse *out;
 	struct csi_node_req nr;
-	int64_t bytes, inodes, fs_avail, total;
+	int64_t bytes, inodes, fs_avail, total, cap;
+	struct csi_usage use;
 	struct statvfs st;
 	int ret;
 
@@ -1056,19 +1060,42 @@ static void csi_node_stats(struct csi_plugin *p, const ProtobufCMessage *msg,
 	    (strcmp(nr.n.staging, req->volume_path) &&
 	     !csi_state_target(&nr.n, req->volume_path)))
 		goto out_notfound;
-	ret = csi_volume_usage(&p->store, nr.id, &bytes, &inodes);
-	if (!ret && fstatvfs(p->store.volumes_fd, &st) < 0)
-		ret = -errno;
+	ret = csi_usage_get(&p->store, nr.id, &use);
 	if (ret) {
-		csi_reply_errno(r, ret, "usage of the upper layer");
+		csi_reply_set(r, CSI_UNAVAILABLE,
+			      "volume %s: no usage to report: %s, and its usage file %s/volumes/%s/usage %s",
+			      nr.id, use.why, p->store.root, nr.id,
+			      ret == -ENOENT ? "is missing" :
+			      ret == -EBADMSG ? "is damaged" : strerror(-ret));
 		goto out;
 	}
+	if (fstatvfs(p->store.volumes_fd, &st) < 0) {
+		csi_reply_errno(r, -errno, "statfs of the store");
+		goto out;
+	}
+	bytes = use.bytes;
+	inodes = use.inodes;
+	/* the daemon's limit is the one in force (NodeExpandVolume moves it) */
+	cap = use.live ? use.capacity : nr.v.capacity;
 	fs_avail = (int64_t)st.f_bavail * (int64_t)st.f_frsize;
-	total = nr.v.capacity ? nr.v.capacity : (int64_t)st.f_blocks * (int64_t)st.f_frsize;
+	total = cap ? cap : (int64_t)st.f_blocks * (int64_t)st.f_frsize;
 	out = csi_alloc(r, sizeof(*out));
 	if (!out)
 		goto out_nomem;
 	csi__v1__node_get_volume_stats_response__init(out);
+	if (!use.live) {
+		out->volume_condition = csi_alloc(r, sizeof(*out->volume_condition));
+		if (!out->volume_condition)
+			goto out_nomem;
+		csi__v1__volume_condition__init(out->volume_condition);
+		out->volume_condition->abnormal = true;
+		out->volume_condition->message =
+			csi_alloc(r, sizeof(use.why) + 64);
+		if (!out->volume_condition->message)
+			goto out_nomem;
+		snprintf(out->volume_condition->message, sizeof(use.why) + 64,
+			 "usage as last saved: %s", use.why);
+	}
 	out->usage = csi_alloc(r, 2 * sizeof(void *));
 	if (!out->usage)
 		goto out_nomem;
@@ -1106,6 +1133,8 @@ static void csi_node_caps(struct csi_plugin *p, const ProtobufCMessage *msg,
 		CSI__V1__NODE_SERVICE_CAPABILITY__RPC__TYPE__SINGLE_NODE_MULTI_WRITER,
 		/* kubelet must not chown a whole lower layer into the upper */
 		CSI__V1__NODE_SERVICE_CAPABILITY__RPC__TYPE__VOLUME_MOUNT_GROUP,
+		/* a new capacity reaches the running daemon */
+		CSI__V1__NODE_SERVICE_CAPABILITY__RPC__TYPE__EXPAND_VOLUME,
 	};
 
 	csi_reply_caps(r, &csi__v1__node_get_capabilities_response__descriptor,
@@ -1146,6 +1175,9 @@ const struct csi_method csi_node_methods[] = {
 	  csi_node_unpublish, CSI_MODE_NODE, true },
 	{ "/csi.v1.Node/NodeGetVolumeStats",
 	  &csi__v1__node_get_volume_stats_request__descriptor, csi_node_stats,
+	  CSI_MODE_NODE, true },
+	{ "/csi.v1.Node/NodeExpandVolume",
+	  &csi__v1__node_expand_volume_request__descriptor, csi_node_expand,
 	  CSI_MODE_NODE, true },
 	{ "/csi.v1.Node/NodeGetCapabilities",
 	  &csi__v1__node_get_capabilities_request__descriptor, csi_node_caps,

@@ -444,6 +444,23 @@ out:
 	return ret;
 }
 
+/* Rewrites an existing volume's record in place, atomically (record.c). */
+int csi_volume_save(struct csi_store *s, const struct csi_volume *v)
+{
+	json_object *o;
+	int fd, ret;
+
+	fd = openat(s->volumes_fd, v->id, O_RDONLY | O_DIRECTORY | O_NOFOLLOW |
+					      O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	o = csi_volume_json(v);
+	ret = o ? csi_record_write(fd, "volume.json", o) : -ENOMEM;
+	json_object_put(o);
+	close(fd);
+	return ret;
+}
+
 /*
  * -EBUSY while a daemon serves the volume, whatever the node records
  * say: a mounted stratafs holds an exclusive flock on its workdir. 0 when
@@ -521,16 +538,4 @@ int csi_tree_usage(const char *path, int64_t *bytes, int64_t *inodes)
 	*bytes = csi_du_bytes;
 	*inodes = csi_du_inodes;
 	return 0;
-}
-
-/* What the volume's upper layer holds: its share of the disk. */
-int csi_volume_usage(struct csi_store *s, const char *id, int64_t *bytes,
-		     int64_t *inodes)
-{
-	char path[4096];
-
-	if (!csi_volume_id_valid(id))
-		return -ENOENT;
-	snprintf(path, sizeof(path), "%s/volumes/%s/upper", s->root, id);
-	return csi_tree_usage(path, bytes, inodes);
 }

@@ -216,6 +216,8 @@ int ctl_verdict_validate(const ProtobufCMessage *reply);
 void ctl_text_list_volumes(struct ctl *ctl, const ProtobufCMessage *reply);
 void ctl_text_capacity(struct ctl *ctl, const ProtobufCMessage *reply);
 void ctl_text_stats(struct ctl *ctl, const ProtobufCMessage *reply);
+void ctl_text_expand(struct ctl *ctl, const ProtobufCMessage *reply);
+void ctl_text_node_expand(struct ctl *ctl, const ProtobufCMessage *reply);
 void ctl_text_replace_worker(struct ctl *ctl, const ProtobufCMessage *reply);
 void ctl_text_node_info(struct ctl *ctl, const ProtobufCMessage *reply);
 void ctl_text_delete(struct ctl *ctl, const ProtobufCMessage *reply);

@@ -272,6 +272,27 @@ void ctl_text_stats(struct ctl *ctl, const ProtobufCMessage *reply)
 	ctl_print_condition(r->volume_condition);
 }
 
+void ctl_text_expand(struct ctl *ctl, const ProtobufCMessage *reply)
+{
+	const Csi__V1__ControllerExpandVolumeResponse *r =
+		(const Csi__V1__ControllerExpandVolumeResponse *)reply;
+
+	printf("expanded %s to %" PRId64 " bytes\n", ctl->a.pos[0],
+	       r->capacity_bytes);
+	if (r->node_expansion_required)
+		printf("staged: its daemon takes the capacity with "
+		       "`node-expand %s --path P`\n", ctl->a.pos[0]);
+}
+
+void ctl_text_node_expand(struct ctl *ctl, const ProtobufCMessage *reply)
+{
+	const Csi__V1__NodeExpandVolumeResponse *r =
+		(const Csi__V1__NodeExpandVolumeResponse *)reply;
+
+	printf("%s serves %" PRId64 " bytes at %s\n", ctl->a.pos[0],
+	       r->capacity_bytes, ctl->a.path);
+}
+
 void ctl_text_replace_worker(struct ctl *ctl,
 				    const ProtobufCMessage *reply)
 {

@@ -216,20 +216,15 @@ static int sfs_copy_up_index(struct sfs_node *n, const char *tmp,
 	return 0;
 }
 
-/*
- * The copy goes to DIRFD under the node's name, or into the index
- * (DIRFD -1) for a lower file with several names.
- */
-static int sfs_copy_up_locked(struct sfs_node *n, int dirfd, bool data)
+/* The copy-up itself; CST: the copy's attributes, as counted. */
+static int sfs_copy_up_build(struct sfs_node *n, int dirfd, bool data,
+			     const struct stat *lst, struct stat *cst)
 {
 	struct sfs_fh fh = { 0 };
-	struct stat st, pst;
+	struct stat st = *lst, pst;
 	char tmp[64];
 	int ret;
 
-	ret = sfs_fstat(n->lower[0].fd, &st);
-	if (ret < 0)
-		return ret;
 	ret = sfs_tmp_name(tmp, sizeof(tmp));
 	if (ret < 0)
 		return ret;
@@ -245,6 +240,8 @@ static int sfs_copy_up_locked(struct sfs_node *n, int dirfd, bool data)
 		ret = sfs_copy_up_other(n, tmp, &st);
 	if (ret == 0)
 		ret = sfs_copy_up_attrs(n, tmp, &st, &fh);
+	if (ret == 0 && fstatat(sfs->tmpfd, tmp, cst, AT_SYMLINK_NOFOLLOW) < 0)
+		ret = -errno;
 	if (ret < 0)
 		goto out_clean;
 	if (dirfd < 0) {
@@ -277,6 +274,37 @@ static int sfs_copy_up_locked(struct sfs_node *n, int dirfd, bool data)
 
 out_clean:
 	sfs_tmp_remove(tmp);
+	return ret;
+}
+
+/*
+ * The copy goes to DIRFD under the node's name, or into the index
+ * (DIRFD -1) for a lower file with several names.
+ */
+static int sfs_copy_up_locked(struct sfs_node *n, int dirfd, bool data)
+{
+	struct stat st, cst;
+	int64_t claimed;
+	int ret;
+
+	ret = sfs_fstat(n->lower[0].fd, &st);
+	if (ret < 0)
+		return ret;
+	/*
+	 * The copy takes what the lower file allocates (holes stay holes),
+	 * and a block for the entry: refused whole when it does not fit.
+	 */
+	ret = sfs_usage_reserve((S_ISREG(st.st_mode) && data ?
+				 (int64_t)st.st_blocks * 512 : 0) + 4096,
+				&claimed);
+	if (ret < 0)
+		return ret;
+	ret = sfs_copy_up_build(n, dirfd, data, &st, &cst);
+	sfs_usage_unreserve(claimed);
+	if (ret == 0) {
+		sfs_usage_charge((int64_t)cst.st_blocks * 512, 1);
+		atomic_store(&n->ublocks, (int64_t)cst.st_blocks);
+	}
 	return ret;
 }
 

@@ -125,6 +125,11 @@ static int sfs_create(struct sfs_node *dir, const char *name,
 	ret = sfs_upper_state(dirfd, name, &st);
 	if (ret < 0)
 		return ret;
+	/* a full volume takes no new entry: it may need a block */
+	if (sfs_usage_room(1) < 0)
+		return -ENOSPC;
+	/* the directory grows a block now and then as entries are added */
+	sfs_usage_seed(dir, dirfd);
 	if (ret == 0) {
 		ret = sfs_make_at(dirfd, name, ne);
 		if (ret < 0)
@@ -156,7 +161,11 @@ static int sfs_create(struct sfs_node *dir, const char *name,
 		}
 		if (S_ISDIR(ne->mode))
 			sfs_tmp_remove(tmp);
+		/* the whiteout it replaced is gone */
+		sfs_usage_charge(0, -1);
 	}
+	sfs_usage_entry(dirfd, name);
+	sfs_usage_track(dir, dirfd);
 	sfs_node_dir_changed(dir, S_ISDIR(ne->mode));
 	return sfs_lookup_node(dir, name, out);
 }
@@ -386,6 +395,14 @@ static void sfs_node_removed(struct sfs_node *n)
 		gone = sfs_fstat(upper, &st) == 0 && st.st_nlink == 0;
 	else
 		gone = sfs_fstat(n->lower[0].fd, &st) == 0 && st.st_nlink <= 1;
+	/*
+	 * An upper inode with no name left is freed, and what it took
+	 * given back: now, or for an open file at its last close.
+	 */
+	if (gone && upper >= 0 && !n->indexed &&
+	    (!S_ISREG(n->type) || atomic_load(&n->nopen) == 0) &&
+	    sfs_fstat(upper, &st) == 0)
+		sfs_usage_gone(&st);
 	if (gone)
 		sfs_node_unhash(n);
 	sfs_lock(&n->lock);
@@ -429,8 +446,15 @@ static int sfs_remove(struct sfs_node *dir, const char *name, bool isdir,
 		state = sfs_upper_state(dirfd, name, &st);
 	if (state < 0)
 		return state;
-	if (state == 0)
-		return positive ? sfs_whiteout_create(dirfd, name) : -ENOENT;
+	if (state == 0 && !positive)
+		return -ENOENT;
+	if (state == 0) {
+		/* a new name in the directory, which may grow a block */
+		sfs_usage_seed(dir, dirfd);
+		ret = sfs_whiteout_create(dirfd, name);
+		sfs_usage_track(dir, dirfd);
+		return ret;
+	}
 	if (positive)
 		return sfs_whiteout_replace(dirfd, name);
 	if (!isdir)
@@ -707,14 +731,19 @@ static int sfs_rename_upper(struct sfs_node *pdir, const char *name,
 		if (state == 1) {
 			ret = sfs_rename(odir, name, ndirfd, newname,
 					 RENAME_EXCHANGE);
-			if (ret == 0 && !whiteout)
+			if (ret == 0 && !whiteout) {
 				ret = sfs_unlinkat(odir, name, 0);
+				if (ret == 0)
+					sfs_usage_charge(0, -1);
+			}
 			return ret;
 		}
 	}
 	if (whiteout && sfs->rename_whiteout)
 		rflags |= RENAME_WHITEOUT;
 	ret = sfs_rename(odir, name, ndirfd, newname, rflags);
+	if (ret == 0 && whiteout && sfs->rename_whiteout)
+		sfs_usage_charge(0, 1);
 	if (ret == 0 && whiteout && !sfs->rename_whiteout)
 		ret = sfs_whiteout_create(odir, name);
 	return ret;

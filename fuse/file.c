@@ -103,12 +103,29 @@ static bool sfs_file_current(const struct fuse_file_info *fi)
 	       sfs_file_handle(f) == fi->fh;
 }
 
+/*
+ * The last close of an upper file: what it allocates now is counted,
+ * and a file whose last name went while it was open gives it all back.
+ */
+static void sfs_file_close_usage(struct sfs_file *f)
+{
+	struct stat st;
+
+	if (!f->upper || atomic_load(&f->node->nopen) != 1)
+		return;
+	sfs_usage_track(f->node, f->fd);
+	if (atomic_load(&f->node->unlinked) && !f->node->indexed &&
+	    fstat(f->fd, &st) == 0 && st.st_nlink == 0)
+		sfs_usage_gone(&st);
+}
+
 void sfs_file_close(struct sfs_file *f)
 {
 	/* untagged first: a successor never takes over a handle half closed */
 	sfs_shm_tag(f, SFS_SHM_OTHER);
 	sfs_pass_release(f);
 	sfs_handle_del(&f->link);
+	sfs_file_close_usage(f);
 	close(f->fd);
 	if (f->oldfd >= 0)
 		close(f->oldfd);
@@ -326,6 +343,8 @@ void sfs_op_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *buf,
 {
 	struct sfs_file *f = sfs_file_of(fi);
 	int ret = sfs_file_killpriv(req, f);
+	struct sfs_claim claim;
+	ssize_t fits;
 
 	sfs_count(STRATA_ST_WRITE, 1);
 	sfs_count(STRATA_ST_WRITE_BYTES, fuse_buf_size(buf));
@@ -333,8 +352,17 @@ void sfs_op_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *buf,
 		sfs_reply_err(req, ret);
 		return;
 	}
+	/* only upper files are open for writing: the lower's fd refuses */
+	fits = f->upper ? sfs_usage_claim(f->node, f->fd, off,
+					  fuse_buf_size(buf), &claim) :
+			  (ssize_t)fuse_buf_size(buf);
+	if (fits < 0) {
+		sfs_reply_err(req, (int)fits);
+		return;
+	}
 	atomic_fetch_add(&f->node->dirty, 1);
-	sfs_io_write(req, f->fd, buf, off, f->flags & O_DIRECT);
+	sfs_io_write(req, f->fd, buf, off, f->flags & O_DIRECT,
+		     f->upper ? &claim : NULL);
 }
 
 void sfs_op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
@@ -361,6 +389,9 @@ void sfs_op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync,
 	int ret = datasync ? fdatasync(f->fd) : fsync(f->fd);
 
 	sfs_count(STRATA_ST_FSYNC, 1);
+	/* a filesystem that allocates at writeback has now */
+	if (ret == 0 && f->upper)
+		sfs_usage_track(f->node, f->fd);
 	/* allocated now, unless written meanwhile: attributes may be kept */
 	if (ret == 0)
 		atomic_compare_exchange_strong(&f->node->dirty, &dirty, 0);
@@ -371,7 +402,7 @@ void sfs_op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t offset,
 		      off_t length, struct fuse_file_info *fi)
 {
 	struct sfs_file *f = sfs_file_of(fi);
-
+	struct sfs_claim claim = { .node = f->node };
 	int ret;
 
 	sfs_count(STRATA_ST_FALLOCATE, 1);
@@ -382,8 +413,17 @@ void sfs_op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t offset,
 	/* it modifies the file like a write: privileges go the same way */
 	atomic_fetch_add(&f->node->dirty, 1);
 	ret = sfs_file_killpriv(req, f);
+	sfs_usage_seed(f->node, f->fd);
+	/*
+	 * Allocating modes may take all of the range: it must fit whole,
+	 * as fallocate(2) allocates all of it or fails. Punching and
+	 * zeroing without allocation only give back.
+	 */
+	if (ret == 0 && !(mode & (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_COLLAPSE_RANGE)))
+		ret = sfs_usage_reserve(length, &claim.bytes);
 	if (ret == 0 && fallocate(f->fd, mode, offset, length) < 0)
 		ret = -errno;
+	sfs_usage_settle(&claim, f->fd);
 	sfs_reply_err(req, ret);
 }
 
@@ -406,15 +446,22 @@ void sfs_op_copy_file_range(fuse_req_t req, fuse_ino_t ino_in, off_t off_in,
 {
 	struct sfs_file *out = sfs_file_of(fi_out);
 	int ret = sfs_file_killpriv(req, out);
+	struct sfs_claim claim = { 0 };
+	ssize_t fits = len;
 
 	sfs_count(STRATA_ST_COPY_FILE_RANGE, 1);
+	if (ret == 0 && out->upper)
+		fits = sfs_usage_claim(out->node, out->fd, off_out, len, &claim);
+	if (ret == 0 && fits < 0)
+		ret = (int)fits;
 	if (ret < 0) {
 		sfs_reply_err(req, ret);
 		return;
 	}
 	atomic_fetch_add(&out->node->dirty, 1);
 	sfs_io_copy_file(req, sfs_file_readfd(sfs_file_of(fi_in)), off_in, out->fd,
-			 off_out, len, flags);
+			 off_out, fits, flags);
+	sfs_usage_settle(&claim, out->fd);
 }
 
 /*

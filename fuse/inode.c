@@ -95,6 +95,7 @@ struct sfs_node *sfs_node_alloc(mode_t type, int nlower, const char *name)
 	n->nlower = nlower;
 	n->index_nlink = -1;
 	n->up.fd = -1;
+	n->ublocks = -1;
 	if (S_ISDIR(type)) {
 		n->di = (struct sfs_dirinfo *)(n->lower + nlower);
 		n->di->subdirs = -1;
@@ -1032,8 +1033,11 @@ static int sfs_truncate(struct sfs_node *n, int fd, off_t size)
 		if (tfd < 0)
 			return tfd;
 	}
+	/* growing leaves a hole: only what shrinking frees is counted */
+	sfs_usage_seed(n, tfd);
 	if (ftruncate(tfd, size) < 0)
 		ret = -errno;
+	sfs_usage_track(n, tfd);
 	if (fd < 0)
 		close(tfd);
 	return ret;
@@ -1177,10 +1181,12 @@ void sfs_op_statfs(fuse_req_t req, fuse_ino_t ino)
 	int fd = sfs_has_upper() ? sfs->upper.fd : sfs->lower[0].fd;
 
 	sfs_count(STRATA_ST_STATFS, 1);
-	if (fstatvfs(fd, &sv) < 0)
+	if (fstatvfs(fd, &sv) < 0) {
 		fuse_reply_err(req, errno);
-	else
-		fuse_reply_statfs(req, &sv);
+		return;
+	}
+	sfs_usage_statfs(&sv);
+	fuse_reply_statfs(req, &sv);
 }
 
 void sfs_op_forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup)

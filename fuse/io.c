@@ -59,6 +59,7 @@ struct sfs_io_op {
 	bool write;
 	sem_t sem;		/* synchronous callers wait here */
 	ssize_t res;
+	struct sfs_claim claim;	/* a write's usage, settled before the reply */
 };
 
 static struct {
@@ -448,6 +449,7 @@ static void sfs_io_read_done(struct sfs_io_op *op, int res)
 
 static void sfs_io_write_done(struct sfs_io_op *op, int res)
 {
+	sfs_usage_settle(&op->claim, op->fd);
 	if (res < 0)
 		fuse_reply_err(op->req, -res);
 	else
@@ -486,16 +488,26 @@ void sfs_io_read(fuse_req_t req, int fd, size_t size, off_t off, bool direct)
 	}
 }
 
-static void sfs_io_write_sync(fuse_req_t req, int fd, struct fuse_bufvec *in,
-			      off_t off)
+/* The write's data, or its first C->len bytes: what fits the capacity. */
+static size_t sfs_io_write_len(struct fuse_bufvec *in,
+			       const struct sfs_claim *c)
 {
-	struct fuse_bufvec out = FUSE_BUFVEC_INIT(fuse_buf_size(in));
+	size_t len = fuse_buf_size(in);
+
+	return c && c->len < len ? c->len : len;
+}
+
+static void sfs_io_write_sync(fuse_req_t req, int fd, struct fuse_bufvec *in,
+			      off_t off, struct sfs_claim *c)
+{
+	struct fuse_bufvec out = FUSE_BUFVEC_INIT(sfs_io_write_len(in, c));
 	ssize_t n;
 
 	out.buf[0].flags = FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK;
 	out.buf[0].fd = fd;
 	out.buf[0].pos = off;
 	n = fuse_buf_copy(&out, in, 0);
+	sfs_usage_settle(c, fd);
 	if (n < 0)
 		fuse_reply_err(req, (int)-n);
 	else
@@ -508,14 +520,16 @@ static void sfs_io_write_sync(fuse_req_t req, int fd, struct fuse_bufvec *in,
  * aligned one.
  */
 static void sfs_io_write_aligned(fuse_req_t req, int fd,
-				 struct fuse_bufvec *in, off_t off)
+				 struct fuse_bufvec *in, off_t off,
+				 struct sfs_claim *c)
 {
-	size_t len = fuse_buf_size(in);
+	size_t len = sfs_io_write_len(in, c);
 	struct fuse_bufvec dst = FUSE_BUFVEC_INIT(len);
 	ssize_t n;
 
 	dst.buf[0].mem = sfs_io_buf(len, true);
 	if (!dst.buf[0].mem) {
+		sfs_usage_settle(c, fd);
 		fuse_reply_err(req, ENOMEM);
 		return;
 	}
@@ -523,6 +537,7 @@ static void sfs_io_write_aligned(fuse_req_t req, int fd,
 	if (n >= 0)
 		n = sfs_io_pwrite_sync(fd, dst.buf[0].mem, n, off);
 	free(dst.buf[0].mem);
+	sfs_usage_settle(c, fd);
 	if (n < 0)
 		fuse_reply_err(req, (int)-n);
 	else
@@ -531,24 +546,28 @@ static void sfs_io_write_aligned(fuse_req_t req, int fd,
 
 /*
  * libfuse reuses its request buffer once we return, so the data is
- * copied into the operation before the worker lets go of it.
+ * copied into the operation before the worker lets go of it. CLAIM (or
+ * NULL) is the write's share of the capacity (usage.c): at most
+ * CLAIM->len bytes are written, and it is settled before the reply.
  */
 void sfs_io_write(fuse_req_t req, int fd, struct fuse_bufvec *in, off_t off,
-		  bool direct)
+		  bool direct, const struct sfs_claim *claim)
 {
-	size_t len = fuse_buf_size(in);
+	struct sfs_claim c = claim ? *claim : (struct sfs_claim){ 0 };
+	size_t len = sfs_io_write_len(in, claim);
 	struct fuse_bufvec dst = FUSE_BUFVEC_INIT(len);
 	struct sfs_io_op *op;
 
 	if (!sfs_io.uring || sfs_io.write_direct) {
 		if (direct)
-			sfs_io_write_aligned(req, fd, in, off);
+			sfs_io_write_aligned(req, fd, in, off, &c);
 		else
-			sfs_io_write_sync(req, fd, in, off);
+			sfs_io_write_sync(req, fd, in, off, &c);
 		return;
 	}
 	op = sfs_io_op_new(req, fd, len, off, direct);
 	if (!op) {
+		sfs_usage_settle(&c, fd);
 		fuse_reply_err(req, ENOMEM);
 		return;
 	}
@@ -556,11 +575,12 @@ void sfs_io_write(fuse_req_t req, int fd, struct fuse_bufvec *in, off_t off,
 	if (fuse_buf_copy(&dst, in, 0) != (ssize_t)len) {
 		sfs_io_op_free(op);
 		if (direct)
-			sfs_io_write_aligned(req, fd, in, off);
+			sfs_io_write_aligned(req, fd, in, off, &c);
 		else
-			sfs_io_write_sync(req, fd, in, off);
+			sfs_io_write_sync(req, fd, in, off, &c);
 		return;
 	}
+	op->claim = c;
 	op->done = sfs_io_write_done;
 	op->write = true;
 	if (!sfs_ring_submit(op, true)) {

@@ -36,6 +36,8 @@ static const struct fuse_opt sfs_opt_spec[] = {
 	FUSE_OPT_KEY("timeout=", KEY_STRING),
 	FUSE_OPT_KEY("statsfile=", KEY_STRING),
 	FUSE_OPT_KEY("control=", KEY_STRING),
+	FUSE_OPT_KEY("capacity=", KEY_STRING),
+	FUSE_OPT_KEY("usagefile=", KEY_STRING),
 	SFS_OPT("userxattr", userxattr),
 	SFS_OPT("passthrough", passthrough),
 	SFS_OPT("noallow_other", noallow_other),
@@ -74,6 +76,8 @@ static int sfs_opt_string(struct sfs_params *p, const char *arg)
 		{ "timeout=", offsetof(struct sfs_params, timeout) },
 		{ "statsfile=", offsetof(struct sfs_params, statsfile) },
 		{ "control=", offsetof(struct sfs_params, control) },
+		{ "capacity=", offsetof(struct sfs_params, capacity) },
+		{ "usagefile=", offsetof(struct sfs_params, usagefile) },
 	};
 
 	for (size_t i = 0; i < sizeof(opts) / sizeof(opts[0]); i++) {
@@ -201,7 +205,7 @@ int sfs_params_escape(int argc, char **argv, struct fuse_args *out)
  * as the kernel's options do: a line written for kernel overlayfs names
  * the same directories here, and a path holding a backslash can be
  * given at all (fuse_opt drops every backslash that is not escaped).
- * statsfile= and control= take them too, so that one escaping serves
+ * statsfile=, control= and usagefile= take them too, so that one escaping serves
  * every path.
  */
 static void sfs_unescape_path(char *s)
@@ -276,6 +280,40 @@ static int sfs_params_check_fuse(const struct fuse_args *args)
 	return -EINVAL;
 }
 
+/*
+ * capacity= is kept by the daemon seeing every write; with passthrough
+ * the kernel writes upper files itself, past any count of ours.
+ */
+static int sfs_params_check_capacity(const struct sfs_params *p)
+{
+	uint64_t cap = 0;
+	int ret;
+
+	if (p->capacity) {
+		ret = sfs_usage_parse(p->capacity, &cap);
+		if (ret < 0) {
+			fprintf(stderr, "stratafs: capacity=%s: %s\n", p->capacity,
+				ret == -ERANGE ? "too large (at most 2^63-1 bytes)" :
+				"expected a number of bytes (digits only; 0 for no limit)");
+			return -EINVAL;
+		}
+	}
+	if (cap && p->passthrough) {
+		fprintf(stderr,
+			"stratafs: capacity= and passthrough do not go together: "
+			"the kernel writes passthrough files without the daemon, "
+			"which could not keep the limit; drop one of them\n");
+		return -EINVAL;
+	}
+	if ((cap || p->usagefile) && !p->upperdir) {
+		fprintf(stderr, "stratafs: %s needs upperdir= (a read-only "
+			"mount spends nothing)\n",
+			cap ? "capacity=" : "usagefile=");
+		return -EINVAL;
+	}
+	return 0;
+}
+
 int sfs_params_parse(struct fuse_args *args, struct sfs_params *p)
 {
 	memset(p, 0, sizeof(*p));
@@ -289,6 +327,8 @@ int sfs_params_parse(struct fuse_args *args, struct sfs_params *p)
 		sfs_unescape_path(p->statsfile);
 	if (p->control)
 		sfs_unescape_path(p->control);
+	if (p->usagefile)
+		sfs_unescape_path(p->usagefile);
 	if (p->show_help || p->show_version)
 		return 0;
 	if (sfs_params_check_fuse(args) < 0)
@@ -328,7 +368,7 @@ int sfs_params_parse(struct fuse_args *args, struct sfs_params *p)
 			"stratafs: upperdir= and workdir= go together\n");
 		return -EINVAL;
 	}
-	return 0;
+	return sfs_params_check_capacity(p);
 }
 
 void sfs_params_free(struct sfs_params *p)
@@ -341,6 +381,8 @@ void sfs_params_free(struct sfs_params *p)
 	free(p->timeout);
 	free(p->statsfile);
 	free(p->control);
+	free(p->capacity);
+	free(p->usagefile);
 	free(p->source);
 	free(p->mountpoint);
 }
@@ -437,6 +479,11 @@ void sfs_usage(const char *prog)
 	       "                        (a small binary file the CSI plugin reads)\n"
 	       "    -o control=SOCKET   answer the CSI plugin's control requests\n"
 	       "                        (capacity, usage, snapshot freeze) there\n"
+	       "    -o capacity=BYTES   the upper layer may allocate no more: writes\n"
+	       "                        past it fail with ENOSPC, statfs shows it\n"
+	       "                        (0: no limit; not with passthrough)\n"
+	       "    -o usagefile=FILE   keep the upper's usage in FILE across mounts\n"
+	       "                        (without it, counted anew at each start)\n"
 	       "    -o allow_other      let other users into the mount (the\n"
 	       "                        default when root mounts, as on kernel\n"
 	       "                        overlayfs; permissions are the kernel's)\n"

@@ -59,6 +59,8 @@ struct sfs_params {
 	char *timeout;		/* kernel cache timeout, seconds */
 	char *statsfile;	/* where counters are exported, or NULL */
 	char *control;		/* the control socket's path, or NULL */
+	char *capacity;		/* bytes the upper may take; NULL or 0: no limit */
+	char *usagefile;	/* where usage is kept across mounts, or NULL */
 	/* ints, not bools: fuse_opt stores flag options as int */
 	int userxattr;
 	int passthrough;	/* asked for; sfs_fs.passthrough: in effect */
@@ -192,6 +194,8 @@ struct sfs_node {
 	 * cache the attributes meanwhile. Bumped per write, 0 when synced.
 	 */
 	atomic_uint dirty;
+	/* the upper file's st_blocks as usage.c last counted it; -1 unknown */
+	_Atomic int64_t ublocks;
 	bool pass_used;		/* lock: passthrough since the last cached open */
 	uint8_t nlower;		/* const */
 	int32_t backing;	/* lock: passthrough backing id while npass */
@@ -206,6 +210,18 @@ struct sfs_node {
  */
 struct sfs_hlink {
 	struct sfs_hlink *prev, *next;
+};
+
+/*
+ * The upper layer's usage and its limit (usage.c), in the shared state:
+ * a worker that replaces a dead one goes on from them. Atomics, no lock.
+ */
+struct sfs_usage {
+	_Atomic int64_t bytes;		/* allocated: st_blocks * 512 */
+	_Atomic int64_t inodes;
+	_Atomic int64_t claimed;	/* reserved by writes in flight */
+	_Atomic uint64_t capacity;	/* bytes; 0: no limit */
+	_Atomic uint64_t changes;	/* bumped per change, for the saver */
 };
 
 enum sfs_dir_cache {
@@ -270,6 +286,7 @@ struct sfs_fs {
 	int ctlfd;
 	dev_t ctl_dev;
 	ino_t ctl_ino;
+	struct sfs_usage usage;
 };
 
 /* An open file. */
@@ -666,8 +683,9 @@ int sfs_handshake_replay(struct fuse_session *se);
 int sfs_io_init(const char *engine);
 void sfs_io_shutdown(void);
 void sfs_io_read(fuse_req_t req, int fd, size_t size, off_t off, bool direct);
+struct sfs_claim;
 void sfs_io_write(fuse_req_t req, int fd, struct fuse_bufvec *in, off_t off,
-		  bool direct);
+		  bool direct, const struct sfs_claim *claim);
 void sfs_io_copy_file(fuse_req_t req, int in, off_t off_in, int out,
 		      off_t off_out, size_t len, int flags);
 int sfs_io_copy_range(int in, int out, off_t off, size_t len);
@@ -686,6 +704,34 @@ int sfs_control_open(struct sfs_fs *fs);
 void sfs_control_close(struct sfs_fs *fs);
 int sfs_control_start(void);
 void sfs_control_stop(void);
+
+/* usage.c */
+struct sfs_claim {
+	struct sfs_node *node;	/* whose blocks to settle, or NULL */
+	int64_t bytes;		/* room reserved until then */
+	size_t len;		/* how much of the write fits */
+};
+
+int sfs_usage_parse(const char *s, uint64_t *out);
+int sfs_usage_setup(struct sfs_fs *fs);
+int sfs_usage_start(void);
+void sfs_usage_stop(void);
+int sfs_usage_save(bool clean);
+void sfs_usage_charge(int64_t bytes, int64_t inodes);
+int sfs_usage_room(int64_t need);
+int sfs_usage_reserve(int64_t need, int64_t *claimed);
+void sfs_usage_unreserve(int64_t claimed);
+void sfs_usage_seed(struct sfs_node *n, int fd);
+void sfs_usage_track(struct sfs_node *n, int fd);
+ssize_t sfs_usage_claim(struct sfs_node *n, int fd, off_t off, size_t len,
+			struct sfs_claim *c);
+void sfs_usage_settle(struct sfs_claim *c, int fd);
+void sfs_usage_entry(int dirfd, const char *name);
+void sfs_usage_gone(const struct stat *st);
+struct statvfs;
+void sfs_usage_statfs(struct statvfs *sv);
+int sfs_usage_verb(int argc, char **argv, char *out, size_t size);
+int sfs_capacity_verb(int argc, char **argv, char *out, size_t size);
 
 /* progress.c */
 struct sfs_progress;
@@ -710,7 +756,7 @@ static inline void sfs_count(enum strata_stat what, uint64_t n)
  * (sfs_fs, sfs_node and its parts, sfs_file) is read by the next binary
  * too after an upgrade in place: change one, and bump SFS_SHM_VERSION.
  */
-#define SFS_SHM_VERSION 2
+#define SFS_SHM_VERSION 3
 #define SFS_SHM_CLASSES 28
 /* The shared mapping's size: sparse, so only what is used is resident. */
 #define SFS_SHM_SIZE (64ULL << 30)

@@ -484,6 +484,8 @@ int sfs_setup(struct sfs_fs *fs)
 	if (ret == 0)
 		ret = sfs_setup_root(fs);
 	if (ret == 0)
+		ret = sfs_usage_setup(fs);
+	if (ret == 0)
 		ret = sfs_control_open(fs);
 out:
 	sfs_strv_free(lowers, nlowers);

@@ -503,6 +503,19 @@ static int sfs_resume(struct sfs_super *sv, struct fuse_args *args,
 	return 0;
 }
 
+/*
+ * The orderly end: the usage file is marked clean, so the next mount
+ * trusts it rather than walk the upper layer. Every worker is gone.
+ */
+static void sfs_usage_end(struct sfs_fs *fs)
+{
+	int ret = sfs_usage_save(true);
+
+	if (ret < 0)
+		strata_warn("usagefile %s: %s", fs->params.usagefile,
+			    strerror(-ret));
+}
+
 int sfs_run(const struct sfs_params *p, struct fuse_args *args, char **argv)
 {
 	struct sfs_super sv = { .argv = argv, .exefd = -1, .sigfd = -1 };
@@ -557,6 +570,7 @@ supervise:
 	 * it: a worker that died may have left any of it half changed.
 	 */
 	sfs_unmount(fs, sv.adopted);
+	sfs_usage_end(fs);
 	sfs_control_close(fs);
 	sfs_stats_close();
 	free(sv.exe);
@@ -564,6 +578,7 @@ supervise:
 
 out_unmount:
 	sfs_unmount(fs, false);
+	sfs_usage_end(fs);
 out_fs:
 	sfs_stats_close();
 	sfs_teardown(fs);

@@ -58,6 +58,8 @@ static int sfs_tmpfile_node(const struct fuse_in_header *in,
 	if (ret < 0)
 		return ret;
 	ret = sfs_has_upper() ? sfs_copy_up(dir) : -EROFS;
+	if (ret == 0 && sfs_usage_room(1) < 0)
+		ret = -ENOSPC;
 	if (ret < 0)
 		goto out;
 	sfs_new_owner(dir, &mode, &uid, &gid);
@@ -88,6 +90,8 @@ static int sfs_tmpfile_node(const struct fuse_in_header *in,
 				   sfs_ino_compose(sfs->upper.fsid, f.st.st_ino),
 				   &ret);
 	if (*out) {
+		/* given back at its last close, unless it is linked by then */
+		sfs_usage_charge(0, 1);
 		sfs_lock(&(*out)->lock);
 		(*out)->unlinked = true;
 		(*out)->linkable = true;

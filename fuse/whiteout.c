@@ -274,6 +274,8 @@ int sfs_whiteout_create(int dirfd, const char *name)
 	ret = sfs_rename(sfs->tmpfd, tmp, dirfd, name, RENAME_NOREPLACE);
 	if (ret < 0)
 		sfs_unlinkat(sfs->tmpfd, tmp, 0);
+	else
+		sfs_usage_charge(0, 1);
 	return ret;
 }
 
@@ -306,6 +308,8 @@ int sfs_whiteout_replace(int dirfd, const char *name)
 			return ret;
 		}
 	}
+	/* the old entry is given back by its node (sfs_node_removed) */
+	sfs_usage_charge(0, 1);
 	ret = sfs_tmp_remove(tmp);
 	if (ret < 0)
 		strata_warn("cannot clean work/%s: %s", tmp, strerror(-ret));

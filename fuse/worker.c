@@ -180,9 +180,11 @@ int sfs_serve(struct fuse_session *se, bool replay, bool supervised)
 		goto out_uring;
 	if (sfs_control_start() < 0)
 		goto out_uring;
+	if (sfs_usage_start() < 0)
+		goto out_control;
 	cfg = fuse_loop_cfg_create();
 	if (!cfg)
-		goto out_control;
+		goto out_usage;
 	/*
 	 * A cloned descriptor per thread spreads the device's locking; but
 	 * when a worker dies, the kernel fails the requests on descriptors
@@ -195,6 +197,8 @@ int sfs_serve(struct fuse_session *se, bool replay, bool supervised)
 	fuse_loop_cfg_set_idle_threads(cfg, SFS_MAX_THREADS);
 	ret = fuse_session_loop_mt(se, cfg) < 0 ? 1 : 0;
 	fuse_loop_cfg_destroy(cfg);
+out_usage:
+	sfs_usage_stop();
 out_control:
 	sfs_control_stop();
 out_uring:

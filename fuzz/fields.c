@@ -9,7 +9,8 @@
  * scratch store holding one real volume:
  *  - an id the checker accepts is "sv-" and 32 lowercase hex digits, so
  *    it can never be a path; the store loads, sizes and deletes nothing
- *    for any other, and the real volume survives every input;
+ *    for any other, and the real volume survives every input (its size
+ *    comes from the usage file its daemon would have left);
  *  - an accepted path is absolute, short enough, free of control
  *    characters and of ".." components;
  *  - the options are accepted exactly when every key is ours (layers,
@@ -42,7 +43,7 @@ static void fz_check_id(const char *id)
 {
 	bool valid = csi_volume_id_valid(id), known = !strcmp(id, fz_id);
 	struct csi_volume v;
-	int64_t bytes, inodes;
+	struct csi_usage u;
 	struct stat st;
 	int ret;
 
@@ -53,8 +54,8 @@ static void fz_check_id(const char *id)
 		FZ_CHECK(!strcmp(v.id, id));
 		csi_volume_free(&v);
 	}
-	ret = csi_volume_usage(&fz_store, id, &bytes, &inodes);
-	FZ_CHECK(known ? ret == 0 : ret == -ENOENT);
+	ret = csi_usage_get(&fz_store, id, &u);
+	FZ_CHECK(known ? ret == 0 && !u.live && u.bytes == 4096 : ret == -ENOENT);
 	if (!known)
 		FZ_CHECK(csi_volume_delete(&fz_store, id) == 0);
 	FZ_CHECK(fstatat(fz_store.volumes_fd, fz_id, &st, 0) == 0);
@@ -118,6 +119,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
 	struct csi_volume v = { 0 };
 	char root[PATH_MAX];
+	FILE *usage;
 
 	fz_quiet();
 	snprintf(root, sizeof(root), "%s/store", fz_scratch());
@@ -127,6 +129,12 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 	FZ_CHECK(v.name && csi_volume_create(&fz_store, &v) == 0);
 	memcpy(fz_id, v.id, sizeof(fz_id));
 	csi_volume_free(&v);
+	/* fz_scratch() makes a new directory: the store's is fz_scratch_path() */
+	snprintf(root, sizeof(root), "%s/store/volumes/%s/usage",
+		 fz_scratch_path(), fz_id);
+	usage = fopen(root, "w");
+	FZ_CHECK(usage && fputs("strata-usage 1\nbytes=4096\ninodes=1\nclean=1\n",
+				usage) >= 0 && fclose(usage) == 0);
 	return 0;
 }
 

@@ -371,6 +371,24 @@ static int ctl_build_create_volume(struct ctl *ctl, ProtobufCMessage *req)
 	return 0;
 }
 
+/* ControllerExpandVolume's capacity range, as CreateVolume's. */
+static int ctl_build_expand(struct ctl *ctl, ProtobufCMessage *req)
+{
+	Csi__V1__ControllerExpandVolumeRequest *r =
+		(Csi__V1__ControllerExpandVolumeRequest *)req;
+	Csi__V1__CapacityRange *range;
+
+	/* a number, not a string: the table's `need` cannot say it */
+	if (ctl->a.capacity < 0)
+		return ctl_usage_error(ctl, "expand-volume needs --capacity SIZE");
+	range = ctl_alloc(ctl, sizeof(*range));
+	csi__v1__capacity_range__init(range);
+	range->required_bytes = ctl->a.capacity;
+	range->limit_bytes = ctl->a.limit > 0 ? ctl->a.limit : 0;
+	r->capacity_range = range;
+	return 0;
+}
+
 /*
  * One page, or with --all every page: the readable lines as they come,
  * the JSON as one object whose entries are all the pages' entries.
@@ -604,6 +622,9 @@ static const int ctl_need_publish[] = {
 };
 static const int ctl_need_target[] = { CTL_OPT_TARGET, CTL_OPT_END };
 static const int ctl_need_path[] = { CTL_OPT_PATH, CTL_OPT_END };
+static const int ctl_opts_expand[] = {
+	CTL_OPT_CAPACITY, CTL_OPT_LIMIT, CTL_OPT_SECRET, CTL_OPT_END,
+};
 
 /* A command with no options or arguments of its own. */
 #define CTL_PLAIN(cmd, service, rpc, msg, printer, what)                    \
@@ -689,6 +710,21 @@ static const struct ctl_cmd ctl_cmds[] = {
 		CTL_RPC(Controller, GetCapacity, get_capacity),
 		.text = ctl_text_capacity,
 	},
+	{
+		.name = "expand-volume",
+		.synopsis = "ID --capacity SIZE [--limit SIZE]",
+		.summary = "grow a volume's capacity (ControllerExpandVolume)",
+		.options =
+			"  --capacity SIZE     capacity_range.required_bytes (required)\n"
+			"  --limit SIZE        capacity_range.limit_bytes\n"
+			CTL_HELP_SECRET
+			"\nSIZE as for create-volume: 1Gi, 512M. A staged volume's daemon\n"
+			"takes it with node-expand.\n",
+		.opts = ctl_opts_expand, CTL_ID,
+		CTL_RPC(Controller, ControllerExpandVolume,
+			controller_expand_volume),
+		.build = ctl_build_expand, .text = ctl_text_expand,
+	},
 	CTL_PLAIN("controller-caps", Controller, ControllerGetCapabilities,
 		  controller_get_capabilities, ctl_text_rpc_caps,
 		  "the controller's capabilities, one per line (ControllerGetCapabilities)"),
@@ -742,6 +778,15 @@ static const struct ctl_cmd ctl_cmds[] = {
 		.opts = ctl_opts_stats, .need = ctl_need_path, CTL_ID,
 		CTL_RPC(Node, NodeGetVolumeStats, node_get_volume_stats),
 		.text = ctl_text_stats,
+	},
+	{
+		.name = "node-expand", .synopsis = "ID --path P",
+		.summary = "tell a staged volume's daemon its recorded capacity (NodeExpandVolume)",
+		.options = "  --path P            volume_path: where it is staged or published (required)\n"
+			"  --staging-path P    staging_target_path\n",
+		.opts = ctl_opts_stats, .need = ctl_need_path, CTL_ID,
+		CTL_RPC(Node, NodeExpandVolume, node_expand_volume),
+		.text = ctl_text_node_expand,
 	},
 	CTL_PLAIN("node-info", Node, NodeGetInfo, node_get_info,
 		  ctl_text_node_info,

@@ -13,6 +13,12 @@ def plugin_caps(reply):
             if c.HasField("service")}
 
 
+def expansion(reply):
+    T = pb().PluginCapability.VolumeExpansion.Type
+    return {T.Name(c.volume_expansion.type) for c in reply.capabilities
+            if c.HasField("volume_expansion")}
+
+
 def test_plugin_info_default_name(csi):
     code, r = csi.GetPluginInfo()
     assert code == "OK"
@@ -33,6 +39,7 @@ def test_plugin_capabilities_both_modes(csi):
     assert code == "OK"
     assert plugin_caps(r) == {"CONTROLLER_SERVICE",
                               "VOLUME_ACCESSIBILITY_CONSTRAINTS"}
+    assert expansion(r) == {"ONLINE"}
 
 
 def test_plugin_capabilities_node_mode(env):
@@ -40,6 +47,7 @@ def test_plugin_capabilities_node_mode(env):
     code, r = p.csi.GetPluginCapabilities()
     assert code == "OK"
     assert plugin_caps(r) == {"VOLUME_ACCESSIBILITY_CONSTRAINTS"}
+    assert expansion(r) == {"ONLINE"}
 
 
 def test_probe_ready(csi):

@@ -1,0 +1,108 @@
+// SPDX-License-Identifier: Apache-2.0
+/*
+ * A volume's usage, as its daemon counts it (fuse/usage.c): the bytes
+ * its upper layer allocates and its inodes, asked on the control
+ * channel, never walked. A volume whose daemon does not answer (not
+ * staged, or a daemon dying) has the numbers its daemon last saved in
+ * volumes/<id>/usage, said to be so.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "csi.h"
+
+/* How long a stats call waits for a daemon: a live one answers at once. */
+#define CSI_USAGE_TIMEOUT_MS 2000
+
+/* "used=B inodes=N capacity=C", the daemon's reply to `usage`. */
+static int csi_usage_parse_reply(const char *text, struct csi_usage *u)
+{
+	long long used, inodes, cap;
+	int end = 0;
+
+	if (sscanf(text, "used=%lld inodes=%lld capacity=%lld%n", &used,
+		   &inodes, &cap, &end) != 3 || text[end] || used < 0 ||
+	    inodes < 0 || cap < 0)
+		return -EPROTO;
+	u->bytes = used;
+	u->inodes = inodes;
+	u->capacity = cap;
+	return 0;
+}
+
+/* The usage file the daemon keeps: "strata-usage 1", bytes=, inodes=, clean=. */
+static int csi_usage_read_file(struct csi_store *s, const char *id,
+			       struct csi_usage *u)
+{
+	char path[CSI_VOLUME_ID_LEN + 16], buf[256];
+	long long bytes, inodes;
+	int fd, clean, end = 0;
+	ssize_t len;
+
+	snprintf(path, sizeof(path), "%s/usage", id);
+	fd = openat(s->volumes_fd, path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+	if (fd < 0)
+		return -errno;
+	len = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (len < 0)
+		return -errno;
+	buf[len] = '\0';
+	if (sscanf(buf, "strata-usage 1\nbytes=%lld\ninodes=%lld\nclean=%d\n%n",
+		   &bytes, &inodes, &clean, &end) != 3 || end != len ||
+	    bytes < 0 || inodes < 0)
+		return -EBADMSG;
+	u->bytes = bytes;
+	u->inodes = inodes;
+	u->capacity = -1;
+	return 0;
+}
+
+/*
+ * The usage of volume ID: from its daemon (u->live), else from its usage
+ * file, with u->why saying why the daemon did not answer. -ENOENT when
+ * there is neither: a volume never mounted, or one whose daemon predates
+ * the usage count; no number is made up for it.
+ */
+int csi_usage_get(struct csi_store *s, const char *id, struct csi_usage *u)
+{
+	const char *argv[] = { "usage" };
+	char text[256];
+	int ret;
+
+	memset(u, 0, sizeof(*u));
+	if (!csi_volume_id_valid(id))
+		return -ENOENT;
+	ret = csi_control_call(s, id, argv, 1, text, sizeof(text),
+			       CSI_USAGE_TIMEOUT_MS);
+	if (ret == 0)
+		ret = csi_usage_parse_reply(text, u);
+	if (ret == 0) {
+		u->live = true;
+		return 0;
+	}
+	snprintf(u->why, sizeof(u->why), "its daemon did not answer (%.100s)",
+		 ret == -ENOENT || ret == -ECONNREFUSED ? "not running" :
+		 *text ? text : strerror(-ret));
+	return csi_usage_read_file(s, id, u);
+}
+
+/* Tells volume ID's running daemon its new capacity (0: no limit). */
+int csi_usage_set_capacity(struct csi_store *s, const char *id, int64_t cap,
+			   char *why, size_t size)
+{
+	char num[32], text[256];
+	const char *argv[] = { "capacity", num };
+	int ret;
+
+	snprintf(num, sizeof(num), "%" PRId64, cap);
+	ret = csi_control_call(s, id, argv, 2, text, sizeof(text),
+			       CSI_USAGE_TIMEOUT_MS);
+	if (ret < 0)
+		snprintf(why, size, "%s", *text ? text : strerror(-ret));
+	return ret;
+}
