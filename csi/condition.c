@@ -168,13 +168,42 @@ static void csi_condition_upper(struct csi_plugin *p,
 }
 
 /*
+ * What the usage says: a staged volume whose daemon does not report it
+ * (alive but not answering), or one over its capacity (a limit below what
+ * it held, files put in the upper behind the daemon's back). `u` NULL:
+ * nothing is known of its usage.
+ */
+static void csi_condition_usage(const struct csi_volume *v,
+				const struct csi_node_vol *n,
+				const struct csi_usage *u, char *msg,
+				size_t size)
+{
+	int64_t cap;
+
+	if (n && u && !u->live) {
+		snprintf(msg, size, "its usage is as last saved: %s", u->why);
+		return;
+	}
+	if (!u)
+		return;
+	cap = u->live && u->capacity >= 0 ? u->capacity : v->capacity;
+	if (cap > 0 && u->bytes > cap)
+		snprintf(msg, size, "it is over its capacity: its upper layer holds %lld bytes of %lld: delete files in the volume, or expand it",
+			 (long long)u->bytes, (long long)cap);
+}
+
+/*
  * What is wrong with volume `v`, in `msg`; "" when nothing. `n` is its
- * node state when it is staged here, else NULL. Reads only (the upper's
- * check makes an unnamed file), so any thread may ask.
+ * node state when it is staged here, else NULL; `u` its usage when the
+ * caller has it, else NULL (then it is asked for here). Reads only (the
+ * upper's check makes an unnamed file), so any thread may ask.
  */
 void csi_condition_volume(struct csi_plugin *p, const struct csi_volume *v,
-			  const struct csi_node_vol *n, char *msg, size_t size)
+			  const struct csi_node_vol *n,
+			  const struct csi_usage *u, char *msg, size_t size)
 {
+	struct csi_usage own;
+
 	msg[0] = '\0';
 	if (n && !csi_daemon_alive(n)) {
 		/* the watcher heals it within seconds; until then it is down */
@@ -189,6 +218,10 @@ void csi_condition_volume(struct csi_plugin *p, const struct csi_volume *v,
 		csi_condition_readable(p, v, msg, size);
 	if (!msg[0])
 		csi_condition_upper(p, v, msg, size);
+	if (!msg[0] && !u && csi_usage_get(&p->store, v->id, &own) == 0)
+		u = &own;
+	if (!msg[0])
+		csi_condition_usage(v, n, u, msg, size);
 }
 
 static struct csi_cond *csi_cond_get(struct csi_plugin *p, const char *id)
@@ -270,7 +303,8 @@ void csi_condition_prune(struct csi_plugin *p, unsigned round)
 Csi__V1__VolumeCondition *csi_condition_msg(struct csi_plugin *p,
 					    struct csi_reply *r,
 					    const struct csi_volume *v,
-					    const struct csi_node_vol *n)
+					    const struct csi_node_vol *n,
+					    const struct csi_usage *u)
 {
 	Csi__V1__VolumeCondition *c = csi_alloc(r, sizeof(*c));
 	char msg[512];
@@ -278,7 +312,7 @@ Csi__V1__VolumeCondition *csi_condition_msg(struct csi_plugin *p,
 	if (!c)
 		return NULL;
 	csi__v1__volume_condition__init(c);
-	csi_condition_volume(p, v, n, msg, sizeof(msg));
+	csi_condition_volume(p, v, n, u, msg, sizeof(msg));
 	c->abnormal = msg[0] != '\0';
 	c->message = csi_strdup(r, msg[0] ? msg : "the volume is healthy");
 	return c->message ? c : NULL;

@@ -566,7 +566,7 @@ static void csi_get_volume(struct csi_plugin *p, const ProtobufCMessage *msg,
 	csi__v1__controller_get_volume_response__volume_status__init(st);
 	out->volume = csi_volume_msg(p, r, &v);
 	st->volume_condition = csi_condition_msg(p, r, &v,
-						 staged ? NULL : &n);
+						 staged ? NULL : &n, NULL);
 	out->status = st;
 	if (!out->volume || !st->volume_condition)
 		goto out_nomem;

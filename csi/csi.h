@@ -410,6 +410,16 @@ int csi_usage_get(struct csi_store *s, const char *id, struct csi_usage *u);
 int csi_usage_set_capacity(struct csi_store *s, const char *id, int64_t cap,
 			   char *why, size_t size);
 
+/* condition.c: a volume's condition (staged volumes' also checked, logged) */
+void csi_condition_volume(struct csi_plugin *p, const struct csi_volume *v,
+			  const struct csi_node_vol *n,
+			  const struct csi_usage *u, char *msg, size_t size);
+Csi__V1__VolumeCondition *csi_condition_msg(struct csi_plugin *p,
+					    struct csi_reply *r,
+					    const struct csi_volume *v,
+					    const struct csi_node_vol *n,
+					    const struct csi_usage *u);
+
 /* expand.c: ControllerExpandVolume and NodeExpandVolume */
 void csi_controller_expand(struct csi_plugin *p, const ProtobufCMessage *msg,
 			   struct csi_reply *r);
@@ -481,15 +491,9 @@ void csi_cgroup_remove(struct csi_plugin *p, const char *name);
 void csi_cgroup_sweep(struct csi_plugin *p);
 void csi_cgroup_free(struct csi_host *h);
 
-/* condition.c: a volume's condition; staged volumes' checked and logged */
+/* condition.c: the periodic check of staged volumes */
 void csi_condition_check(struct csi_plugin *p, const char *id, unsigned round);
 void csi_condition_prune(struct csi_plugin *p, unsigned round);
-void csi_condition_volume(struct csi_plugin *p, const struct csi_volume *v,
-			  const struct csi_node_vol *n, char *msg, size_t size);
-Csi__V1__VolumeCondition *csi_condition_msg(struct csi_plugin *p,
-					    struct csi_reply *r,
-					    const struct csi_volume *v,
-					    const struct csi_node_vol *n);
 
 /* metrics.c */
 enum csi_event {

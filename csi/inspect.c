@@ -135,11 +135,12 @@ static int csi_inspect_node(struct csi_plugin *p, const struct csi_volume *v,
 static int csi_inspect_condition(struct csi_plugin *p,
 				 const struct csi_volume *v,
 				 const struct csi_node_vol *n,
+				 const struct csi_usage *u,
 				 Strata__V1__VolumeState *s, struct csi_reply *r)
 {
 	char msg[512];
 
-	csi_condition_volume(p, v, n, msg, sizeof(msg));
+	csi_condition_volume(p, v, n, u, msg, sizeof(msg));
 	if (!msg[0])
 		return 0;
 	s->abnormal = true;
@@ -160,6 +161,7 @@ static int csi_inspect_one(struct csi_plugin *p, const char *id,
 	struct csi_volume v = { 0 };
 	struct csi_node_vol n = { 0 };
 	struct csi_usage use;
+	bool known;
 	int ret;
 
 	if (!s)
@@ -188,16 +190,19 @@ static int csi_inspect_one(struct csi_plugin *p, const char *id,
 	}
 	s->n_layers = v.nlayers;
 	s->capacity_bytes = v.capacity;
-	if (csi_usage_get(&p->store, id, &use) == 0)
+	known = csi_usage_get(&p->store, id, &use) == 0;
+	if (known)
 		s->used_bytes = use.bytes;
 	s->state = "created";
 	ret = csi_state_load(&p->store, id, &n);
 	if (ret == 0) {
 		ret = csi_inspect_node(p, &v, &n, s, r);
 		if (ret == 0)
-			ret = csi_inspect_condition(p, &v, &n, s, r);
+			ret = csi_inspect_condition(p, &v, &n,
+						    known ? &use : NULL, s, r);
 	} else if (ret == -ENOENT) {
-		ret = csi_inspect_condition(p, &v, NULL, s, r);
+		ret = csi_inspect_condition(p, &v, NULL,
+					    known ? &use : NULL, s, r);
 	} else {
 		snprintf(why, size,
 			 "the node record %s/node/%s.json cannot be read (%s)",

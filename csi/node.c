@@ -1083,19 +1083,6 @@ static void csi_node_stats(struct csi_plugin *p, const ProtobufCMessage *msg,
 	if (!out)
 		goto out_nomem;
 	csi__v1__node_get_volume_stats_response__init(out);
-	if (!use.live) {
-		out->volume_condition = csi_alloc(r, sizeof(*out->volume_condition));
-		if (!out->volume_condition)
-			goto out_nomem;
-		csi__v1__volume_condition__init(out->volume_condition);
-		out->volume_condition->abnormal = true;
-		out->volume_condition->message =
-			csi_alloc(r, sizeof(use.why) + 64);
-		if (!out->volume_condition->message)
-			goto out_nomem;
-		snprintf(out->volume_condition->message, sizeof(use.why) + 64,
-			 "usage as last saved: %s", use.why);
-	}
 	out->usage = csi_alloc(r, 2 * sizeof(void *));
 	if (!out->usage)
 		goto out_nomem;
@@ -1108,7 +1095,7 @@ static void csi_node_stats(struct csi_plugin *p, const ProtobufCMessage *msg,
 	if (!out->usage[0] || !out->usage[1])
 		goto out_nomem;
 	out->n_usage = 2;
-	out->volume_condition = csi_condition_msg(p, r, &nr.v, &nr.n);
+	out->volume_condition = csi_condition_msg(p, r, &nr.v, &nr.n, &use);
 	if (!out->volume_condition)
 		goto out_nomem;
 	csi_reply_ok(r, out);

@@ -79,7 +79,7 @@ def test_capacity_enforced_in_the_pod(strata, csi, published):
         assert code == "OK", r
         b, i = usage(r)["BYTES"], usage(r)["INODES"]
         d = daemon_usage(strata, vid)
-        assert b.total == 10 * MiB and not r.HasField("volume_condition")
+        assert b.total == 10 * MiB and not r.volume_condition.abnormal
         return (b.used, i.used, b.available) == \
             (d["used"], d["inodes"], max(0, 10 * MiB - d["used"]))
     poll(same, 10, what="NodeGetVolumeStats to agree with the daemon")
@@ -118,7 +118,8 @@ def test_stats_from_the_usage_file_when_the_daemon_is_silent(strata, csi,
     assert code == "OK", r
     assert usage(r)["BYTES"].used == used
     assert r.volume_condition.abnormal
-    assert "usage as last saved: its daemon did not answer" in r.volume_condition.message
+    assert "its usage is as last saved: its daemon did not answer" \
+        in r.volume_condition.message
 
 
 def test_expand_while_published(env, strata, csi, kubelet):

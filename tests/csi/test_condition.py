@@ -148,3 +148,21 @@ def test_inline_volumes_are_not_the_controllers(env, csi, strata):
         assert stats_condition(csi, kid, target) == (False, "the volume is healthy")
     finally:
         assert csi.NodeUnpublishVolume(volume_id=kid, target_path=target)[0] == "OK"
+
+
+def test_a_volume_over_its_capacity_is_abnormal(kubelet, csi, strata):
+    """Files put in the upper behind the daemon's back: the daemon's walk
+    at start finds them, and the volume is over its capacity."""
+    vid = kubelet.create("over", capacity=1 << 20)
+    upper = strata.path("volumes", vid, "upper")
+    with open(os.path.join(upper, "behind"), "wb") as f:
+        f.write(b"b" * (2 << 20))
+    staging = kubelet.stage(vid)
+    abnormal, msg = stats_condition(csi, vid, staging)
+    assert abnormal and "it is over its capacity" in msg, msg
+    assert f"of {1 << 20}" in msg
+    assert condition(csi, vid) == (abnormal, msg)
+    os.unlink(os.path.join(staging, "behind"))
+    poll(lambda: stats_condition(csi, vid, staging)
+         == (False, "the volume is healthy"), timeout=10,
+         what="the room given back")
