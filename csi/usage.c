@@ -4,11 +4,14 @@
  * its upper layer allocates and its inodes, asked on the control
  * channel, never walked. A volume whose daemon does not answer (not
  * staged, or a daemon dying) has the numbers its daemon last saved in
- * volumes/<id>/usage, said to be so.
+ * volumes/<id>/usage, said to be so. Only a volume without that file (a
+ * daemon started before the count existed, still serving after a plugin
+ * upgrade) has its upper walked, said to be so too.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -64,14 +67,13 @@ static int csi_usage_read_file(struct csi_store *s, const char *id,
 
 /*
  * The usage of volume ID: from its daemon (u->live), else from its usage
- * file, with u->why saying why the daemon did not answer. -ENOENT when
- * there is neither: a volume never mounted, or one whose daemon predates
- * the usage count; no number is made up for it.
+ * file, else from a walk of its upper, with u->why saying why the daemon
+ * did not answer and where the numbers come from.
  */
 int csi_usage_get(struct csi_store *s, const char *id, struct csi_usage *u)
 {
 	const char *argv[] = { "usage" };
-	char text[256];
+	char text[256], path[PATH_MAX];
 	int ret;
 
 	memset(u, 0, sizeof(*u));
@@ -85,10 +87,22 @@ int csi_usage_get(struct csi_store *s, const char *id, struct csi_usage *u)
 		u->live = true;
 		return 0;
 	}
-	snprintf(u->why, sizeof(u->why), "its daemon did not answer (%.100s)",
+	snprintf(u->why, sizeof(u->why), "its daemon did not answer (%.80s)",
 		 ret == -ENOENT || ret == -ECONNREFUSED ? "not running" :
 		 *text ? text : strerror(-ret));
-	return csi_usage_read_file(s, id, u);
+	ret = csi_usage_read_file(s, id, u);
+	if (ret != -ENOENT)
+		return ret;
+	if (snprintf(path, sizeof(path), "%s/volumes/%s/upper", s->root, id) >=
+	    (int)sizeof(path))
+		return -ENAMETOOLONG;
+	ret = csi_tree_usage(path, &u->bytes, &u->inodes);
+	if (ret)
+		return ret;
+	u->capacity = -1;
+	strncat(u->why, ", nor did it ever save its usage: walked its upper",
+		sizeof(u->why) - strlen(u->why) - 1);
+	return 0;
 }
 
 /* Tells volume ID's running daemon its new capacity (0: no limit). */

@@ -12,7 +12,8 @@ import subprocess
 
 import pytest
 
-from csitest import MiB, answers, pb, poll, read_file, stratactl_binary
+from csitest import (Kubelet, MiB, answers, pb, poll, read_file,
+                     stratactl_binary, stratafs_binary)
 from strata_common import control_call
 
 UNKNOWN_ID = "sv-" + "f" * 32
@@ -259,3 +260,32 @@ def test_stratactl_expand_volume(strata, kubelet):
     assert r.returncode == 0, r.stderr
     assert r.stdout == f"{vid} serves {12 * MiB} bytes at {st}\n"
     assert size_of(st) == 12 * MiB
+
+
+def test_stats_of_a_daemon_that_predates_the_count(env):
+    """A daemon started before the usage count (no control channel, no
+    usage file: what a plugin upgrade finds still serving) gets its upper
+    walked, and the condition says so, rather than no stats at all."""
+    real = stratafs_binary()
+    wrapper = env.script("stratafs", f"""#!/bin/bash
+args=()
+for a in "$@"; do
+    args+=("$(printf '%s' "$a" | sed -E 's/,(usagefile|control)=[^,]*//g')")
+done
+exec {real} "${{args[@]}}"
+""")
+    p = env.plugin(root=env.layered_root(), stratafs=wrapper)
+    kubelet = Kubelet(env, p)
+    vid = kubelet.create("old", capacity=8 * MiB)
+    staging = kubelet.stage(vid)
+    assert "control=" not in open(
+        f"/proc/{p.daemon_pid(vid)}/cmdline").read()
+    with open(os.path.join(staging, "one"), "wb") as f:
+        f.write(b"1" * MiB)
+        os.fsync(f.fileno())
+    code, r = p.csi.NodeGetVolumeStats(volume_id=vid, volume_path=staging)
+    assert code == "OK", r
+    assert MiB <= usage(r)["BYTES"].used < 2 * MiB
+    assert r.volume_condition.abnormal
+    assert "nor did it ever save its usage: walked its upper" \
+        in r.volume_condition.message
