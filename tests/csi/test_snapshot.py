@@ -303,3 +303,45 @@ def test_killed_while_removing(env, strata):
     assert snapshot_dirs(p) == []
     assert p.csi.DeleteSnapshot(snapshot_id=sid).code == "OK"
     assert p.csi.GetSnapshot(snapshot_id=sid).code == "NOT_FOUND"
+
+
+# --------------------------------------------------------------------------
+# stratactl snapshot create|list|rm, create-volume --from-*
+
+def test_stratactl_snapshots_and_clones(strata):
+    import subprocess
+    from csitest import stratactl_binary
+
+    def ctl(*args):
+        return subprocess.run([stratactl_binary(), "--endpoint", strata.endpoint]
+                              + list(args), capture_output=True, text=True,
+                              timeout=60)
+    r = ctl("--json", "create-volume", "v", "--layers", "base")
+    assert r.returncode == 0, r.stderr
+    vid = json.loads(r.stdout)["volume"]["volume_id"]
+    r = ctl("snapshot", "create", "s", vid)
+    assert r.returncode == 0, r.stderr
+    sid, src, _, ready = r.stdout.split()
+    assert SNAPSHOT_ID_RE.match(sid) and src == vid and ready == "ready"
+    r = ctl("snapshot", "list")
+    assert r.returncode == 0 and r.stdout.split()[0] == sid, r
+    r = ctl("snapshot", "list", "--max-entries", "1", "--starting-token", "junk")
+    assert r.returncode == 1 and "ABORTED" in r.stderr, r
+    r = ctl("create-volume", "c", "--from-snapshot", sid)
+    assert r.returncode == 0 and f"source snapshot {sid}" in r.stdout, r
+    r = ctl("create-volume", "d", "--from-volume", vid)
+    assert r.returncode == 0 and f"source volume {vid}" in r.stdout, r
+    r = ctl("create-volume", "e", "--from-volume", vid, "--from-snapshot", sid)
+    assert r.returncode == 2 and "give one source" in r.stderr, r
+    r = ctl("create-volume", "e", "--from-snapshot", "ss-" + "0" * 32)
+    assert r.returncode == 1 and "NOT_FOUND" in r.stderr, r
+    # the chain, legibly: snapshot layers named as such
+    r = ctl("volume", "inspect", vid)
+    line = [x for x in r.stdout.splitlines() if x.startswith("layers ")][0]
+    top = strata.volume_record(vid)["layers"][0][1:]
+    assert line == f"layers snapshot:{top},snapshot:{sid},base", line
+    r = ctl("snapshot", "rm", sid)
+    assert r.returncode == 0 and r.stdout == f"deleted snapshot {sid}\n", r
+    assert ctl("snapshot", "list").stdout == ""
+    r = ctl("snapshot", "create", "only-one-arg")
+    assert r.returncode == 2, r
