@@ -274,7 +274,8 @@ static void csi_list_snapshots(struct csi_plugin *p,
 		csi_reply_errno(r, ret, "listing the snapshots");
 		return;
 	}
-	qsort(ids, n, sizeof(*ids), csi_strcmp_p);
+	if (n)
+		qsort(ids, n, sizeof(*ids), csi_strcmp_p);
 	while (req->starting_token[0] && first < n &&
 	       strcmp(ids[first], req->starting_token) <= 0)
 		first++;

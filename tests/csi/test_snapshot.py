@@ -345,3 +345,39 @@ def test_stratactl_snapshots_and_clones(strata):
     assert ctl("snapshot", "list").stdout == ""
     r = ctl("snapshot", "create", "only-one-arg")
     assert r.returncode == 2, r
+
+
+def test_a_snapshot_cut_short_is_settled_before_a_daemon_starts(csi, kubelet, strata):
+    """What a freeze that timed out leaves (the layer moved, the chain not
+    yet recorded) while the plugin runs: the next stage finishes the
+    snapshot before its daemon starts, so the data stays in view."""
+    vid = kubelet.create("v")
+    fill(kubelet, vid, {"data": "kept\n"})
+    sid = "ss-" + "ab" * 16
+    rec = {"id": sid, "name": "cut", "source_volume_id": vid,
+           "capacity_bytes": 0, "created_seconds": int(time.time()),
+           "created_nanos": 0, "chain": ["base"], "hidden": False}
+    with open(strata.path("snapshots", f".new-{sid}.json"), "w") as f:
+        json.dump(rec, f)
+    os.mkdir(strata.path("snapshots", f".new-{sid}"))
+    os.rename(strata.path("volumes", vid, "upper"),
+              strata.path("snapshots", f".new-{sid}", "layer"))
+    assert contents(kubelet, vid, ["data"]) == {"data": "kept\n"}
+    assert chain(strata, vid) == ["@" + sid, "base"]
+    assert snapshot_dirs(strata) == [sid]
+    assert csi.GetSnapshot(snapshot_id=sid).reply.snapshot.source_volume_id == vid
+
+
+def test_a_snapshot_cut_before_the_move_is_dropped(csi, kubelet, strata):
+    vid = kubelet.create("v")
+    fill(kubelet, vid, {"data": "kept\n"})
+    sid = "ss-" + "cd" * 16
+    rec = {"id": sid, "name": "cut", "source_volume_id": vid,
+           "capacity_bytes": 0, "created_seconds": 0, "created_nanos": 0,
+           "chain": ["base"], "hidden": False}
+    with open(strata.path("snapshots", f".new-{sid}.json"), "w") as f:
+        json.dump(rec, f)
+    os.mkdir(strata.path("snapshots", f".new-{sid}"))
+    assert contents(kubelet, vid, ["data"]) == {"data": "kept\n"}
+    assert chain(strata, vid) == ["base"]
+    assert snapshot_dirs(strata) == []
