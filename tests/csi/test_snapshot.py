@@ -381,3 +381,54 @@ def test_a_snapshot_cut_before_the_move_is_dropped(csi, kubelet, strata):
     assert contents(kubelet, vid, ["data"]) == {"data": "kept\n"}
     assert chain(strata, vid) == ["base"]
     assert snapshot_dirs(strata) == []
+
+
+@pytest.mark.valgrind
+@pytest.mark.timeout(300)
+def test_snapshots_valgrind_clean(env, strata):
+    """Snapshots, clones and their refusals under valgrind: no memory error,
+    no definite leak (test_valgrind.py's rules)."""
+    import shutil
+    import signal
+    from csitest import is_sanitizer_build, strata_csi_binary
+    from test_valgrind import VALGRIND
+    if is_sanitizer_build(strata_csi_binary()):
+        pytest.skip("a sanitizer build: the sanitizer checks memory there")
+    assert shutil.which("valgrind"), "valgrind is not installed (scripts/deps.sh)"
+    strata.stop()
+    vlog = os.path.join(env.base, "valgrind.%p.log")
+    p = env.plugin(root=strata.root, prefix=VALGRIND + [f"--log-file={vlog}"],
+                   start=False)
+    p.start(wait="ready", timeout=120)
+    csi, k = p.csi, Kubelet(env, p)
+    vid = k.create("v", capacity=8 << 20)
+    sid = snap(csi, "s", vid)
+    assert snap(csi, "s", vid) == sid
+    other = k.create("o")
+    assert csi.CreateSnapshot(name="s", source_volume_id=other).code == "ALREADY_EXISTS"
+    assert csi.CreateSnapshot(name="x", source_volume_id=NOT_THERE.replace("ss", "sv")).code == "NOT_FOUND"
+    assert csi.ListSnapshots(max_entries=1).code == "OK"
+    assert csi.ListSnapshots(starting_token="bogus").code == "ABORTED"
+    assert csi.GetSnapshot(snapshot_id=sid).code == "OK"
+    assert csi.GetSnapshot(snapshot_id=NOT_THERE).code == "NOT_FOUND"
+    c1 = clone(csi, "c1", snapshot=sid)
+    assert c1.code == "OK", c1
+    c2 = clone(csi, "c2", volume=vid)
+    assert c2.code == "OK", c2
+    assert clone(csi, "c3", volume=vid, capacity_range=pb().CapacityRange(
+        required_bytes=1 << 20)).code == "OUT_OF_RANGE"
+    assert clone(csi, "c4", snapshot=NOT_THERE).code == "NOT_FOUND"
+    assert csi.DeleteSnapshot(snapshot_id=sid).code == "OK"
+    for v in (c1.reply.volume.volume_id, c2.reply.volume.volume_id, vid, other):
+        k.delete(v)
+    assert snapshot_dirs(p) == []
+    rc = p.stop(signal.SIGTERM, timeout=60)
+    logs = ""
+    for n in os.listdir(env.base):
+        if n.startswith("valgrind.") and n.endswith(".log"):
+            with open(os.path.join(env.base, n), errors="replace") as f:
+                logs += f"==== {n}\n" + f.read()
+    assert rc == 0, logs[-8000:]
+    assert "definitely lost: 0 bytes" in logs or "no leaks are possible" in logs, \
+        logs[-8000:]
+    assert "ERROR SUMMARY: 0 errors" in logs, logs[-8000:]
