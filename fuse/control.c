@@ -51,6 +51,7 @@ static int sfs_control_ping(int argc, char **argv, char *out, size_t size)
 static const struct sfs_control_verb sfs_control_verbs[] = {
 	{ "ping", sfs_control_ping, 0, 0 },
 	{ "progress", sfs_progress_verb, 0, 0 },
+	{ "freeze", sfs_freeze_verb, 1, 1 },
 };
 
 static struct {

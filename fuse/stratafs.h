@@ -193,11 +193,19 @@ struct sfs_node {
 	 */
 	atomic_uint dirty;
 	bool pass_used;		/* lock: passthrough since the last cached open */
-	uint8_t nlower;		/* const */
+	bool pass_frozen;	/* lock: backing is a frozen file (freeze.c) */
+	uint8_t nlower;		/* const, but for a freeze (freeze.c) */
+	uint8_t lower_room;	/* const: entries the node's own allocation holds */
 	int32_t backing;	/* lock: passthrough backing id while npass */
 	uint32_t npass;		/* lock: open passthrough handles */
 	struct sfs_entry up;	/* the upper entry, once has_upper */
-	struct sfs_entry lower[];	/* const count: nlower entries */
+	/*
+	 * nlower entries: in the node's own allocation (lower_room of them,
+	 * right after this struct), or in one of their own once a freeze
+	 * gave the node more layers than that (freeze.c). Changed only by a
+	 * freeze, while no request runs (gate.c).
+	 */
+	struct sfs_entry *lower;
 };
 
 /*
@@ -216,9 +224,16 @@ enum sfs_dir_cache {
 
 struct sfs_fs {
 	struct sfs_params params;
+	/*
+	 * The layers. A freeze (freeze.c) changes them, while no request
+	 * runs: here, in the shared state, so that a new worker and an
+	 * upgraded binary serve the stack as it is now.
+	 */
 	struct sfs_layer upper;	/* fd -1 when read-only */
 	int nlower;
 	struct sfs_layer lower[SFS_MAX_LOWERS];
+	char *upper_real;	/* the upper's real path, for a freeze's rename */
+	char *upper_from_work;	/* the upper's path from the workdir: "../u" */
 	int workfd;		/* the workdir, flock'ed while mounted */
 	int tmpfd;		/* workdir/work: temp entries for atomic moves */
 	int indexfd;		/* workdir/index: lower hard links (index.c) */
@@ -395,6 +410,7 @@ void sfs_crash_after(const char *name);
 int sfs_table_init(struct sfs_fs *fs);
 void sfs_table_destroy(struct sfs_fs *fs);
 struct sfs_node *sfs_node_alloc(mode_t type, int nlower, const char *name);
+struct sfs_entry *sfs_node_inline_lower(struct sfs_node *n);
 fuse_ino_t sfs_node_id(struct sfs_node *n);
 struct sfs_node *sfs_node_get(fuse_ino_t nodeid);
 struct sfs_node *sfs_node_find(uint64_t ino, mode_t type);
@@ -687,6 +703,18 @@ void sfs_control_close(struct sfs_fs *fs);
 int sfs_control_start(void);
 void sfs_control_stop(void);
 
+/* gate.c: requests in flight, and the freeze that waits them out */
+void sfs_gate_enter(void);
+void sfs_gate_leave(void);
+void sfs_gate_hold(void);
+void sfs_gate_put(void);
+int sfs_gate_close(int timeout_ms);
+void sfs_gate_open(void);
+
+/* freeze.c */
+int sfs_freeze_verb(int argc, char **argv, char *out, size_t size);
+void sfs_freeze_fds(struct sfs_fdset *keep);
+
 /* progress.c */
 struct sfs_progress;
 struct sfs_progress *sfs_progress_begin(int fd, int layer, off_t total);
@@ -710,7 +738,7 @@ static inline void sfs_count(enum strata_stat what, uint64_t n)
  * (sfs_fs, sfs_node and its parts, sfs_file) is read by the next binary
  * too after an upgrade in place: change one, and bump SFS_SHM_VERSION.
  */
-#define SFS_SHM_VERSION 2
+#define SFS_SHM_VERSION 3
 #define SFS_SHM_CLASSES 28
 /* The shared mapping's size: sparse, so only what is used is resident. */
 #define SFS_SHM_SIZE (64ULL << 30)
