@@ -458,3 +458,74 @@ def test_snapshots_valgrind_clean(env, strata):
     assert "definitely lost: 0 bytes" in logs or "no leaks are possible" in logs, \
         logs[-8000:]
     assert "ERROR SUMMARY: 0 errors" in logs, logs[-8000:]
+
+
+# --------------------------------------------------------------------------
+# the store under faults
+
+LAYERS = {"base": {"lower.txt": "from the lower layer\n"}}
+
+
+def test_snapshot_and_clone_on_a_full_store(env):
+    from test_store_faults import fill as fill_disk
+    p = env.plugin(root=env.tmpfs_root(size="8m", layers=LAYERS))
+    k = Kubelet(env, p)
+    vid = k.create("v")
+    sid = snap(p.csi, "s", vid)
+    before = (snapshot_dirs(p), chain(p, vid), sorted(os.listdir(p.path("volumes"))))
+    filler = fill_disk(p.root)
+    r = p.csi.CreateSnapshot(name="full", source_volume_id=vid)
+    assert r.code == "RESOURCE_EXHAUSTED" and "No space left" in r.details, r
+    r = clone(p.csi, "c", volume=vid)
+    assert r.code == "RESOURCE_EXHAUSTED" and "No space left" in r.details, r
+    r = clone(p.csi, "c", snapshot=sid)
+    assert r.code == "RESOURCE_EXHAUSTED", r
+    assert (snapshot_dirs(p), chain(p, vid), sorted(os.listdir(p.path("volumes")))) \
+        == before, "a half-made snapshot or clone was left"
+    os.unlink(filler)
+    assert snap(p.csi, "full", vid)
+    assert clone(p.csi, "c", volume=vid).code == "OK"
+
+
+def test_read_only_store(env):
+    import subprocess
+    p = env.plugin(root=env.tmpfs_root(size="64m", layers=LAYERS))
+    k = Kubelet(env, p)
+    vid = k.create("v")
+    sid = snap(p.csi, "s", vid)
+    before = (snapshot_dirs(p), chain(p, vid))
+    subprocess.run(["mount", "-o", "remount,ro", p.root], check=True)
+    try:
+        for method, kw in (
+                ("CreateSnapshot", dict(name="ro", source_volume_id=vid)),
+                ("DeleteSnapshot", dict(snapshot_id=sid))):
+            r = p.csi.call(method, **kw)
+            assert r.code == "FAILED_PRECONDITION", (method, r)
+            assert "read-only filesystem" in r.details and \
+                "nothing was changed" in r.details, (method, r)
+        r = clone(p.csi, "c", volume=vid)
+        assert r.code == "FAILED_PRECONDITION", r
+        # reading works on
+        assert p.csi.GetSnapshot(snapshot_id=sid).code == "OK"
+        assert len(p.csi.ListSnapshots().reply.entries) == 1
+        assert (snapshot_dirs(p), chain(p, vid)) == before
+    finally:
+        subprocess.run(["mount", "-o", "remount,rw", p.root], check=True)
+    assert p.csi.DeleteSnapshot(snapshot_id=sid).code == "OK"
+
+
+def test_damaged_snapshot_record(csi, kubelet, strata):
+    vid = kubelet.create("v")
+    sid = snap(csi, "s", vid)
+    good = snap(csi, "t", vid)
+    with open(strata.path("snapshots", sid, "snapshot.json"), "w") as f:
+        f.write("{ not json")
+    r = csi.GetSnapshot(snapshot_id=sid)
+    assert r.code == "INTERNAL" and sid in r.details, r
+    r = csi.DeleteSnapshot(snapshot_id=sid)
+    assert r.code == "INTERNAL" and "cannot be read" in r.details, r
+    assert os.path.isdir(strata.path("snapshots", sid, "layer"))
+    # the others are listed on; the damaged one is not taken for unused
+    assert [e.snapshot.snapshot_id for e in csi.ListSnapshots().reply.entries] == [good]
+    kubelet.delete(vid)
+    assert os.path.isdir(strata.path("snapshots", sid, "layer"))
