@@ -81,6 +81,27 @@ static int csi_clone_chain(struct csi_volume *want, const char *top,
 }
 
 /*
+ * The content source's id into SOURCE, for the lookup by name: -EINVAL
+ * for one that is missing or cannot be an id of its kind.
+ */
+int csi_clone_source_id(const Csi__V1__VolumeContentSource *src,
+			char source[CSI_VOLUME_ID_LEN + 1])
+{
+	const char *id = "";
+
+	if (src->type_case == CSI__V1__VOLUME_CONTENT_SOURCE__TYPE_SNAPSHOT &&
+	    src->snapshot && csi_snapshot_id_valid(src->snapshot->snapshot_id))
+		id = src->snapshot->snapshot_id;
+	if (src->type_case == CSI__V1__VOLUME_CONTENT_SOURCE__TYPE_VOLUME &&
+	    src->volume && csi_volume_id_valid(src->volume->volume_id))
+		id = src->volume->volume_id;
+	if (!id[0])
+		return -EINVAL;
+	memcpy(source, id, CSI_VOLUME_ID_LEN + 1);
+	return 0;
+}
+
+/*
  * Checks the content source of REQ and fills WANT from it: its source id,
  * its capacity, and for a snapshot its chain (a volume's is known once
  * csi_clone_freeze has frozen it). The caller holds create_lock, so a

@@ -324,9 +324,15 @@ static void csi_create_volume(struct csi_plugin *p, const ProtobufCMessage *msg,
 			csi_reply_errno(r, ret, "parameters");
 		goto out_unlock;
 	}
+	/*
+	 * A clone is looked up by name before its source: a retry finds it
+	 * even once the snapshot it was made from is deleted.
+	 */
 	if (req->volume_content_source &&
-	    csi_clone_source(p, r, req, &want))
+	    csi_clone_source_id(req->volume_content_source, want.source)) {
+		csi_clone_source(p, r, req, &want); /* answers why */
 		goto out_unlock;
+	}
 	ret = csi_volume_find(&p->store, req->name, false, &have);
 	if (ret == 0 && csi_volume_compatible(&want, &have, cr)) {
 		csi_create_reply(p, r, &have);
@@ -337,6 +343,9 @@ static void csi_create_volume(struct csi_plugin *p, const ProtobufCMessage *msg,
 			      req->name, have.id);
 	} else if (ret != -ENOENT) {
 		csi_reply_errno(r, ret, "store");
+	} else if (req->volume_content_source &&
+		   csi_clone_source(p, r, req, &want)) {
+		/* answered: the source is missing or does not fit */
 	} else if (csi_store_writable(&p->store, r) == 0 &&
 		   csi_clone_freeze(p, r, &want) == 0 &&
 		   csi_create_new(p, r, req->name, &want) == 0) {

@@ -440,6 +440,8 @@ int csi_chain_users(struct csi_store *s, const char *entry, char ***users,
 extern const struct csi_method csi_snapshot_methods[];
 void csi_snapshot_answer(struct csi_reply *r, int err, const char *why);
 /* clone.c: CreateVolume from a VolumeContentSource */
+int csi_clone_source_id(const Csi__V1__VolumeContentSource *src,
+			char source[CSI_VOLUME_ID_LEN + 1]);
 int csi_clone_source(struct csi_plugin *p, struct csi_reply *r,
 		     const Csi__V1__CreateVolumeRequest *req,
 		     struct csi_volume *want);

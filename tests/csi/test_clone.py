@@ -140,6 +140,9 @@ def test_deleted_snapshot_in_use_is_hidden_until_unused(csi, kubelet, strata):
     assert csi.GetSnapshot(snapshot_id=sid).code == "NOT_FOUND"
     assert list(csi.ListSnapshots().reply.entries) == []
     assert clone(csi, "c2", snapshot=sid).code == "NOT_FOUND"
+    # a retry of the clone that was made finds it all the same
+    again = clone(csi, "c", snapshot=sid)
+    assert again.code == "OK" and again.reply.volume.volume_id == cid, again
     assert snapshot_dirs(strata) == [sid]
     assert contents(kubelet, cid, ["f"]) == {"f": "v1\n"}
     kubelet.delete(cid)
