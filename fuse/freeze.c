@@ -36,9 +36,10 @@
  * Open files. A handle on an upper file is left on the frozen one: reads
  * go on there, and the next write, truncate or fallocate through it
  * copies the file up again and moves the handle to the copy (file.c).
- * A passthrough handle open for writing cannot be moved, since the
- * kernel writes its backing file without asking: while one is open, the
- * freeze is refused.
+ * A passthrough handle cannot be moved: the kernel reads and writes its
+ * backing file without asking, and gives a later open of the same file
+ * the same backing file. While one is open on an upper file, the freeze
+ * is refused.
  *
  * The layer stack is in the shared state (struct sfs_fs), so a worker
  * that replaces this one, or the binary of an upgrade, serves it as it is
@@ -220,8 +221,6 @@ static void sfs_freeze_node(struct sfs_node *n, void *arg)
 	atomic_store(&n->indexed, false);
 	atomic_store(&n->has_origin, false);
 	n->index_nlink = -1;
-	if (n->npass)
-		n->pass_frozen = true;
 	if (n->di) {
 		/*
 		 * The markers were the upper directory's: the frozen one
@@ -254,17 +253,28 @@ static void sfs_freeze_files(void)
 	pthread_mutex_unlock(&sfs->handles_lock);
 }
 
-/* How many passthrough handles are open for writing. */
-static int sfs_freeze_pass_writers(void)
+/*
+ * How many passthrough handles are open, and how many of them for
+ * writing. The kernel writes a writer's backing file without the daemon:
+ * it cannot be moved off the frozen file. A reader's backing file is the
+ * frozen one too, and the kernel gives every passthrough open of a file
+ * the backing file of the first: a writer opening it after the freeze
+ * would get the frozen file.
+ */
+static int sfs_freeze_pass_open(int *writers)
 {
 	int count = 0;
 
+	*writers = 0;
 	pthread_mutex_lock(&sfs->handles_lock);
 	for (struct sfs_hlink *h = sfs->files.next; h != &sfs->files;
 	     h = h->next) {
 		struct sfs_file *f = (struct sfs_file *)h;
 
-		count += f->passthrough && (f->flags & O_ACCMODE) != O_RDONLY;
+		if (!f->passthrough || sfs_freeze_nameless(f->node))
+			continue;
+		count++;
+		*writers += (f->flags & O_ACCMODE) != O_RDONLY;
 	}
 	pthread_mutex_unlock(&sfs->handles_lock);
 	return count;
@@ -294,7 +304,7 @@ static int sfs_freeze_index_used(void)
  */
 static int sfs_freeze_check_busy(struct sfs_freeze *z)
 {
-	int ret = sfs_freeze_index_used(), writers;
+	int ret = sfs_freeze_index_used(), open, writers;
 
 	if (ret < 0) {
 		sfs_freeze_msg(z, "reading the workdir's index: %s",
@@ -308,15 +318,14 @@ static int sfs_freeze_check_busy(struct sfs_freeze *z)
 			       "copied-up hard links");
 		return -EBUSY;
 	}
-	writers = sfs_freeze_pass_writers();
-	if (writers) {
-		sfs_freeze_msg(z, "%d passthrough handle%s open for writing: "
-			       "the kernel writes %s upper file%s without the "
-			       "daemon; close %s and freeze again",
-			       writers, writers > 1 ? "s are" : " is",
-			       writers > 1 ? "their" : "its",
-			       writers > 1 ? "s" : "",
-			       writers > 1 ? "them" : "it");
+	open = sfs_freeze_pass_open(&writers);
+	if (open) {
+		sfs_freeze_msg(z, "%d passthrough handle%s open on upper files "
+			       "(%d for writing): the kernel reads and writes "
+			       "their files without the daemon, which cannot "
+			       "move them off the frozen layer; close them and "
+			       "freeze again", open, open > 1 ? "s are" : " is",
+			       writers);
 		return -EBUSY;
 	}
 	return 0;

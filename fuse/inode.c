@@ -823,8 +823,6 @@ int sfs_node_set_name(struct sfs_node *n, struct sfs_node *parent,
 	sfs_node_ref(parent);
 	old = n->parent;
 	n->parent = parent;
-	if (n->lower != sfs_node_inline_lower(n))
-		sfs_shm_free(n->lower);
 	if (n->name != sfs_node_inline_name(n))
 		sfs_shm_free(n->name);
 	n->name = dup;

@@ -103,13 +103,6 @@ int sfs_pass_open(struct sfs_file *f)
 	    !atomic_load(&f->upper))
 		return 0;
 	sfs_lock(&n->lock);
-	/*
-	 * The backing file of the handles open since before a freeze is
-	 * the frozen one: a handle on the new upper copy goes through the
-	 * daemon until those are closed.
-	 */
-	if (n->pass_frozen)
-		goto out;
 	if (n->npass == 0) {
 		/* another handle is open without: this one must be too */
 		if (atomic_load(&n->nopen) > 1 || sfs_pass_privileged(f))
@@ -141,7 +134,6 @@ void sfs_pass_release(struct sfs_file *f)
 	if (--n->npass == 0) {
 		id = n->backing;
 		n->backing = 0;
-		n->pass_frozen = false;
 		/* after the session, the ids went with the connection */
 		if (sfs->se)
 			ioctl(fuse_session_fd(sfs->se), SFS_IOC_BACKING_CLOSE,

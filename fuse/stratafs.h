@@ -193,7 +193,6 @@ struct sfs_node {
 	 */
 	atomic_uint dirty;
 	bool pass_used;		/* lock: passthrough since the last cached open */
-	bool pass_frozen;	/* lock: backing is a frozen file (freeze.c) */
 	uint8_t nlower;		/* const, but for a freeze (freeze.c) */
 	uint8_t lower_room;	/* const: entries the node's own allocation holds */
 	int32_t backing;	/* lock: passthrough backing id while npass */
@@ -328,6 +327,7 @@ struct sfs_found {
 	bool indexed;		/* upper is the hardlink index's copy */
 	bool has_origin;
 	bool impure;		/* upper dir holds entries with an origin */
+	uint64_t lower_ino;	/* lower[0]'s number (sfs_lower_ino) */
 };
 
 extern struct sfs_fs *sfs;
@@ -358,6 +358,16 @@ void AnnotateNewMemory(const char *f, int l, uintptr_t mem, size_t size);
 static inline bool sfs_has_upper(void)
 {
 	return sfs->upper.fd >= 0;
+}
+
+/*
+ * Whether lower layer LAYER (1-based) may be an upper a freeze made: on
+ * the upper's filesystem, where its copied-up entries keep their numbers
+ * (sfs_lower_ino).
+ */
+static inline bool sfs_lower_was_upper(int layer)
+{
+	return sfs_has_upper() && sfs->lower[layer - 1].fsid == sfs->upper.fsid;
 }
 
 /* How long the kernel may keep the node's attributes. */
@@ -506,6 +516,8 @@ int sfs_nlink_format(char *buf, size_t size, nlink_t nlink, nlink_t upper);
 int sfs_index_convert(struct sfs_fs *fs);
 int sfs_upper_ino(int dirfd, const char *name, ino_t real, bool impure,
 		  uint64_t *ino, bool *indexed);
+uint64_t sfs_lower_ino(int dirfd, const char *name, int layer, ino_t real,
+		       bool impure);
 int sfs_index_find(int fd, int layer, mode_t type);
 
 /* file.c */
