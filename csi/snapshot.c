@@ -695,6 +695,37 @@ static int csi_snapshot_freeze_live(struct csi_store *s, const char *vid,
 	return 0;
 }
 
+/*
+ * Whether the workdir's hard-link index (the kernel's "index", or the
+ * "strata-index" of older daemons) names anything: its entries are files
+ * of the upper, and a fresh upper would lose the link between a copied-up
+ * hard link and its other names, which would show the old data again.
+ * The daemon refuses a live freeze for the same reason.
+ */
+static int csi_snapshot_index_used(struct csi_store *s, const char *vid)
+{
+	const char *names[] = { "index", "strata-index" };
+	int used = 0;
+
+	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]) && !used; i++) {
+		char path[64];
+		struct dirent *de;
+		DIR *d;
+
+		snprintf(path, sizeof(path), "%s/work/%s", vid, names[i]);
+		d = strata_opendir_at(s->volumes_fd, path);
+		if (!d) {
+			if (errno == ENOENT)
+				continue;
+			return -errno;
+		}
+		while (!used && (de = readdir(d)))
+			used = strcmp(de->d_name, ".") && strcmp(de->d_name, "..");
+		closedir(d);
+	}
+	return used;
+}
+
 /* The upper of an unstaged volume, renamed: no daemon holds it. */
 static int csi_snapshot_freeze_here(struct csi_store *s, const char *vid,
 				    const char *layer, char *why, size_t size)
@@ -704,6 +735,13 @@ static int csi_snapshot_freeze_here(struct csi_store *s, const char *vid,
 
 	if (ret == -EBUSY) {
 		snprintf(why, size, "volume %s is served by a stratafs daemon that no node record names: nothing was changed; unstage it first",
+			 vid);
+		return -EBUSY;
+	}
+	if (!ret)
+		ret = csi_snapshot_index_used(s, vid);
+	if (ret > 0) {
+		snprintf(why, size, "volume %s has copied-up hard links (its workdir's index is not empty): a snapshot would part them from their other names; nothing was changed",
 			 vid);
 		return -EBUSY;
 	}

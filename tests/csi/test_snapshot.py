@@ -529,3 +529,28 @@ def test_damaged_snapshot_record(csi, kubelet, strata):
     assert [e.snapshot.snapshot_id for e in csi.ListSnapshots().reply.entries] == [good]
     kubelet.delete(vid)
     assert os.path.isdir(strata.path("snapshots", sid, "layer"))
+
+
+@pytest.mark.parametrize("staged", [False, True], ids=["unstaged", "staged"])
+def test_copied_up_hard_links_refuse_a_snapshot(env, staged):
+    """A copied-up hard link lives in the workdir's index, which a fresh
+    upper cannot keep: the snapshot is refused, by the plugin or by the
+    daemon, and nothing changes."""
+    root = env.new_root("hl", layers={"links": {"a": "shared\n"}})
+    os.link(os.path.join(root, "layers", "links", "a"),
+            os.path.join(root, "layers", "links", "b"))
+    p = env.plugin(root=root)
+    k = Kubelet(env, p)
+    vid = k.create("v", layers="links")
+    st = k.stage(vid)
+    write_file(os.path.join(st, "a"), "changed\n")
+    assert open(os.path.join(st, "b")).read() == "changed\n"
+    if not staged:
+        k.unstage(vid, st)
+    r = p.csi.CreateSnapshot(name="s", source_volume_id=vid)
+    assert r.code == "FAILED_PRECONDITION" and "hard link" in r.details, r
+    assert chain(p, vid) == ["links"] and snapshot_dirs(p) == []
+    if staged:
+        assert open(os.path.join(st, "b")).read() == "changed\n"
+        k.unstage(vid, st)
+    assert contents(k, vid, ["a", "b"]) == {"a": "changed\n", "b": "changed\n"}
