@@ -6,6 +6,8 @@ layers: a deleted snapshot in use is hidden, and goes with its last user."""
 
 import os
 
+import pytest
+
 from csitest import MiB, cap, pb
 from snaptest import chain, clone, contents, fill, snap, snapshot_dirs
 
@@ -182,3 +184,35 @@ def test_clone_of_a_deep_volume_is_refused(csi, kubelet, strata):
     r = clone(csi, "c", snapshot=deepest.snapshot.snapshot_id)
     assert r.code == "OK", r
     assert len(chain(strata, r.reply.volume.volume_id)) == 64
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("point", ["snapshot.upper", "snapshot.named",
+                                   "create.build", "create.done"])
+def test_clone_of_a_volume_killed(env, strata, point):
+    """The plugin killed while cloning a volume: after a restart and the
+    retry, there is one clone holding the source's data, the source lost
+    nothing, and nothing half made is left."""
+    from csitest import Kubelet, poll
+    k = Kubelet(env, strata)
+    src = k.create("src")
+    fill(k, src, {"f": "v1\n"})
+    strata.stop()
+    p = env.plugin(root=strata.root, environ={"STRATA_CSI_KILL_AT": point})
+    k = Kubelet(env, p)
+    r = clone(p.csi, "c", volume=src)
+    assert r.code == "UNAVAILABLE", r
+    poll(lambda: not p.alive(), 10, what="the plugin to die at " + point)
+    p.environ.pop("STRATA_CSI_KILL_AT")
+    p.start()
+    assert not [d for d in snapshot_dirs(p) if d.startswith(".")]
+    assert not [d for d in os.listdir(p.path("volumes")) if d.startswith(".")]
+    r = clone(p.csi, "c", volume=src)
+    assert r.code == "OK", r
+    cid = r.reply.volume.volume_id
+    assert clone(p.csi, "c", volume=src).reply.volume.volume_id == cid
+    assert contents(k, cid, ["f"]) == {"f": "v1\n"}
+    assert contents(k, src, ["f"]) == {"f": "v1\n"}
+    k.delete(cid)
+    k.delete(src)
+    assert snapshot_dirs(p) == []
