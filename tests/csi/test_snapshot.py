@@ -554,3 +554,17 @@ def test_copied_up_hard_links_refuse_a_snapshot(env, staged):
         assert open(os.path.join(st, "b")).read() == "changed\n"
         k.unstage(vid, st)
     assert contents(k, vid, ["a", "b"]) == {"a": "changed\n", "b": "changed\n"}
+
+
+def test_staged_volume_whose_daemon_does_not_answer(csi, kubelet, strata):
+    """No control channel to freeze through (its socket gone): UNAVAILABLE,
+    and nothing changed."""
+    vid = kubelet.create("v")
+    st = kubelet.stage(vid)
+    write_file(os.path.join(st, "f"), "x\n")
+    os.unlink(strata.path("node", vid + ".ctl"))
+    r = csi.CreateSnapshot(name="s", source_volume_id=vid)
+    assert r.code == "UNAVAILABLE" and "does not answer" in r.details, r
+    assert chain(strata, vid) == ["base"] and snapshot_dirs(strata) == []
+    assert open(os.path.join(st, "f")).read() == "x\n"
+    kubelet.unstage(vid, st)
