@@ -299,29 +299,43 @@ int csi_snapshot_hide(struct csi_store *s, struct csi_snapshot *ss)
 	return csi_snapshot_write(s, ss->id, CSI_SNAP_RECORD, ss);
 }
 
-/* A fresh upper for VID, owned and moded as the root of the one frozen. */
+/*
+ * A fresh upper for VID, owned and moded as the root of the one frozen,
+ * made whole under a hidden name and renamed into place: a crash leaves
+ * no upper (made again) or a whole one, never one of the wrong mode. One
+ * that exists (a daemon's, after a live freeze) is left as it is.
+ */
 static int csi_snapshot_fresh_upper(struct csi_store *s, const char *vid,
 				    const char *layer)
 {
-	char upper[64];
+	char upper[64], tmp[64];
 	struct stat st;
 	int fd, ret = 0;
 
 	snprintf(upper, sizeof(upper), "%s/upper", vid);
+	snprintf(tmp, sizeof(tmp), "%s/.upper.new", vid);
+	if (faccessat(s->volumes_fd, upper, F_OK, AT_SYMLINK_NOFOLLOW) == 0)
+		return 0;
 	if (fstatat(s->snapshots_fd, layer, &st, AT_SYMLINK_NOFOLLOW) < 0)
 		return -errno;
-	if (mkdirat(s->volumes_fd, upper, 0700) < 0)
-		return errno == EEXIST ? 0 : -errno;
+	ret = strata_rmtree_at(s->volumes_fd, tmp);
+	if (ret && ret != -ENOENT)
+		return ret;
+	if (mkdirat(s->volumes_fd, tmp, 0700) < 0)
+		return -errno;
 	/* the upper is the merged root: pods see its mode, owner and times */
-	fd = openat(s->volumes_fd, upper, O_RDONLY | O_DIRECTORY | O_NOFOLLOW |
-						  O_CLOEXEC);
+	fd = openat(s->volumes_fd, tmp, O_RDONLY | O_DIRECTORY | O_NOFOLLOW |
+						O_CLOEXEC);
 	if (fd < 0)
 		return -errno;
+	ret = 0;
 	if (fchown(fd, st.st_uid, st.st_gid) < 0 ||
 	    fchmod(fd, st.st_mode & 07777) < 0 ||
 	    futimens(fd, (struct timespec[]){ st.st_atim, st.st_mtim }) < 0)
 		ret = -errno;
 	close(fd);
+	if (!ret && renameat(s->volumes_fd, tmp, s->volumes_fd, upper) < 0)
+		ret = -errno;
 	return ret;
 }
 

@@ -35,6 +35,9 @@ def test_create_get_list_delete(csi, kubelet, strata):
     assert open(os.path.join(layer, "dir", "b.txt")).read() == "two\n"
     assert chain(strata, vid) == ["@" + sid, "base"]
     assert os.listdir(strata.path("volumes", vid, "upper")) == []
+    # the fresh upper is the merged root: as the old one was
+    new, old = os.stat(strata.path("volumes", vid, "upper")), os.stat(layer)
+    assert (new.st_mode, new.st_uid, new.st_gid) == (old.st_mode, old.st_uid, old.st_gid)
     rec = json.load(open(strata.path("snapshots", sid, "snapshot.json")))
     assert rec["name"] == "snap-1" and rec["chain"] == ["base"]
     assert not rec["hidden"]
