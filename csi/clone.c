@@ -193,16 +193,57 @@ out:
 	return ret;
 }
 
+/* Whether the upper of volume VID holds no entry: -errno, 0 or 1. */
+static int csi_clone_upper_empty(struct csi_store *s, const char *vid)
+{
+	char upper[64];
+	struct dirent *de;
+	int empty = 1;
+	DIR *d;
+
+	snprintf(upper, sizeof(upper), "%s/upper", vid);
+	d = strata_opendir_at(s->volumes_fd, upper);
+	if (!d)
+		return -errno;
+	while (empty && (de = readdir(d)))
+		empty = !strcmp(de->d_name, ".") || !strcmp(de->d_name, "..");
+	closedir(d);
+	return empty;
+}
+
+/*
+ * The hidden snapshot an earlier attempt at clone NAME (MARKER) took of V
+ * and that was cut short before the clone was made (a crash, a full
+ * disk), when taking one now would give the same: it is the top of V's
+ * chain and V's upper is still empty. Reused, retries do not deepen V's
+ * chain. 0 with SS loaded, or -ENOENT.
+ */
+static int csi_clone_earlier(struct csi_store *s, const char *marker,
+			     const struct csi_volume *v,
+			     struct csi_snapshot *ss)
+{
+	if (!v->nlayers || v->layers[0][0] != CSI_CHAIN_SNAPSHOT ||
+	    csi_clone_upper_empty(s, v->id) != 1 ||
+	    csi_snapshot_load(s, v->layers[0] + 1, ss))
+		return -ENOENT;
+	if (!ss->hidden || strcmp(ss->name, marker) ||
+	    strcmp(ss->source, v->id)) {
+		csi_snapshot_free(ss);
+		return -ENOENT;
+	}
+	return 0;
+}
+
 /*
  * A clone of a volume: its hidden snapshot, taken now, is the clone's
  * top layer. The source must be idle (ABORTED otherwise: retried).
  */
 int csi_clone_freeze(struct csi_plugin *p, struct csi_reply *r,
-		     struct csi_volume *want)
+		     const char *name, struct csi_volume *want)
 {
 	struct csi_snapshot ss = { 0 };
 	struct csi_volume v = { 0 };
-	char entry[CSI_SNAPSHOT_ID_LEN + 2], why[512];
+	char entry[CSI_SNAPSHOT_ID_LEN + 2], why[512], marker[CSI_NAME_MAX + 16];
 	int ret;
 
 	if (!csi_volume_id_valid(want->source))
@@ -214,8 +255,13 @@ int csi_clone_freeze(struct csi_plugin *p, struct csi_reply *r,
 		csi_reply_load(r, want->source, ret);
 		goto out;
 	}
+	/* hidden snapshots are never found by CreateSnapshot's names */
+	snprintf(marker, sizeof(marker), "clone:%s", name);
+	ret = csi_clone_earlier(&p->store, marker, &v, &ss);
+	if (ret == 0)
+		goto out_chain;
 	ss.hidden = true;
-	ss.name = strdup("");
+	ss.name = strdup(marker);
 	if (!ss.name) {
 		ret = -ENOMEM;
 		csi_reply_errno(r, ret, "CreateVolume");
@@ -227,6 +273,7 @@ int csi_clone_freeze(struct csi_plugin *p, struct csi_reply *r,
 		goto out;
 	}
 	strata_info("snapshot %s taken of volume %s for a clone", ss.id, v.id);
+out_chain:
 	snprintf(entry, sizeof(entry), "%c%s", CSI_CHAIN_SNAPSHOT, ss.id);
 	ret = csi_clone_chain(want, entry, ss.chain, ss.nchain);
 	if (ret)

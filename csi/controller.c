@@ -347,7 +347,7 @@ static void csi_create_volume(struct csi_plugin *p, const ProtobufCMessage *msg,
 		   csi_clone_source(p, r, req, &want)) {
 		/* answered: the source is missing or does not fit */
 	} else if (csi_store_writable(&p->store, r) == 0 &&
-		   csi_clone_freeze(p, r, &want) == 0 &&
+		   csi_clone_freeze(p, r, req->name, &want) == 0 &&
 		   csi_create_new(p, r, req->name, &want) == 0) {
 		csi_create_reply(p, r, &want);
 	}

@@ -446,7 +446,7 @@ int csi_clone_source(struct csi_plugin *p, struct csi_reply *r,
 		     const Csi__V1__CreateVolumeRequest *req,
 		     struct csi_volume *want);
 int csi_clone_freeze(struct csi_plugin *p, struct csi_reply *r,
-		     struct csi_volume *want);
+		     const char *name, struct csi_volume *want);
 
 /* controller.c */
 int csi_name_check(const char *name, char *why, size_t size);

@@ -211,8 +211,27 @@ def test_clone_of_a_volume_killed(env, strata, point):
     assert r.code == "OK", r
     cid = r.reply.volume.volume_id
     assert clone(p.csi, "c", volume=src).reply.volume.volume_id == cid
+    # the retries reused the snapshot the first attempt took
+    assert len(chain(p, src)) == 2, chain(p, src)
     assert contents(k, cid, ["f"]) == {"f": "v1\n"}
     assert contents(k, src, ["f"]) == {"f": "v1\n"}
     k.delete(cid)
     k.delete(src)
     assert snapshot_dirs(p) == []
+
+
+def test_a_new_clone_of_a_name_gets_the_volume_as_it_is(csi, kubelet, strata):
+    """A clone deleted and made again under its name holds the source as
+    it is then, not as the first one saw it; with nothing written in
+    between, the first snapshot serves again and the chain stays as deep."""
+    src = kubelet.create("src")
+    fill(kubelet, src, {"f": "v1\n"})
+    c1 = clone(csi, "c", volume=src).reply.volume.volume_id
+    kubelet.delete(c1)
+    c2 = clone(csi, "c", volume=src).reply.volume.volume_id
+    assert len(chain(strata, src)) == 2
+    kubelet.delete(c2)
+    fill(kubelet, src, {"f": "v2\n"})
+    c3 = clone(csi, "c", volume=src).reply.volume.volume_id
+    assert len(chain(strata, src)) == 3
+    assert contents(kubelet, c3, ["f"]) == {"f": "v2\n"}
