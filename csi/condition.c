@@ -72,20 +72,25 @@ static int csi_daemon_layers(pid_t pid, int *fds, int max)
 static void csi_condition_layers(struct csi_plugin *p, const struct csi_volume *v,
 			  const struct csi_node_vol *n, char *msg, size_t size)
 {
-	int fds[CSI_MAX_LAYERS], nfds;
+	int fds[CSI_MAX_LAYERS], nfds, skip;
 
 	msg[0] = '\0';
 	nfds = csi_daemon_layers(n->pid, fds, CSI_MAX_LAYERS);
-	for (int i = 0; i < v->nlayers && !msg[0]; i++) {
+	/*
+	 * A snapshot frozen live puts its layer on top of the chain without
+	 * a restart: the daemon's own list is the bottom of the record's.
+	 */
+	skip = nfds > 0 && v->nlayers > nfds ? v->nlayers - nfds : 0;
+	for (int i = skip; i < v->nlayers && !msg[0]; i++) {
 		struct stat held, now;
 		char path[64];
 		int fd;
 
 		snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)n->pid,
-			 i < nfds ? fds[i] : -1);
-		if (i >= nfds || stat(path, &held) < 0)
+			 i - skip < nfds ? fds[i - skip] : -1);
+		if (i - skip >= nfds || stat(path, &held) < 0)
 			continue;	/* the daemon is gone: a heal's business */
-		fd = csi_layer_open(&p->store, v->layers[i]);
+		fd = csi_chain_open(&p->store, v->layers[i]);
 		if (fd >= 0 && fstat(fd, &now) < 0)
 			now.st_ino = 0;
 		if (fd >= 0)

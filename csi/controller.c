@@ -16,6 +16,9 @@
 /* A Volume message with its topology, all in one allocation. */
 struct csi_volume_msg {
 	Csi__V1__Volume vol;
+	Csi__V1__VolumeContentSource src;
+	Csi__V1__VolumeContentSource__SnapshotSource snap;
+	Csi__V1__VolumeContentSource__VolumeSource svol;
 	struct csi_topo topo;
 	Csi__V1__Topology *topos[1];
 	Csi__V1__Volume__VolumeContextEntry ctx;
@@ -60,11 +63,31 @@ static Csi__V1__Volume *csi_volume_msg(struct csi_plugin *p,
 	m->vol.volume_context = m->ctxs;
 	if (!m->vol.volume_id || !m->ctx.value)
 		return NULL;
+	/* a clone says what it was made from (the spec's content_source) */
+	if (!v->source[0])
+		return &m->vol;
+	csi__v1__volume_content_source__init(&m->src);
+	if (csi_volume_id_valid(v->source)) {
+		csi__v1__volume_content_source__volume_source__init(&m->svol);
+		m->svol.volume_id = csi_strdup(r, v->source);
+		m->src.type_case = CSI__V1__VOLUME_CONTENT_SOURCE__TYPE_VOLUME;
+		m->src.volume = &m->svol;
+		if (!m->svol.volume_id)
+			return NULL;
+	} else {
+		csi__v1__volume_content_source__snapshot_source__init(&m->snap);
+		m->snap.snapshot_id = csi_strdup(r, v->source);
+		m->src.type_case = CSI__V1__VOLUME_CONTENT_SOURCE__TYPE_SNAPSHOT;
+		m->src.snapshot = &m->snap;
+		if (!m->snap.snapshot_id)
+			return NULL;
+	}
+	m->vol.content_source = &m->src;
 	return &m->vol;
 }
 
 /* The spec bans control characters in names, and caps strings at 128 bytes. */
-static int csi_name_check(const char *name, char *why, size_t size)
+int csi_name_check(const char *name, char *why, size_t size)
 {
 	if (!name[0]) {
 		snprintf(why, size, "name is required");
@@ -175,10 +198,13 @@ static bool csi_volume_compatible(const struct csi_volume *want,
 				  const struct csi_volume *have,
 				  const Csi__V1__CapacityRange *cr)
 {
-	if (want->nlayers != have->nlayers ||
-	    want->passthrough != have->passthrough)
+	if (want->passthrough != have->passthrough ||
+	    strcmp(want->source, have->source))
 		return false;
-	for (int i = 0; i < want->nlayers; i++)
+	/* a clone's chain grows with every snapshot: its source decides */
+	if (!want->source[0] && want->nlayers != have->nlayers)
+		return false;
+	for (int i = 0; !want->source[0] && i < want->nlayers; i++)
 		if (strcmp(want->layers[i], have->layers[i]))
 			return false;
 	if (!cr)
@@ -205,11 +231,6 @@ static int csi_create_check(struct csi_plugin *p, struct csi_reply *r,
 	    csi_caps_check(req->volume_capabilities,
 			   req->n_volume_capabilities, why, sizeof(why))) {
 		csi_reply_set(r, CSI_INVALID_ARGUMENT, "%s", why);
-		return -EINVAL;
-	}
-	if (req->volume_content_source) {
-		csi_reply_set(r, CSI_INVALID_ARGUMENT,
-			      "volume_content_source is not supported: Strata neither clones volumes nor restores snapshots");
 		return -EINVAL;
 	}
 	if (cr && (cr->required_bytes < 0 || cr->limit_bytes < 0)) {
@@ -312,17 +333,30 @@ static void csi_create_volume(struct csi_plugin *p, const ProtobufCMessage *msg,
 			csi_reply_errno(r, ret, "parameters");
 		goto out_unlock;
 	}
+	/*
+	 * A clone is looked up by name before its source: a retry finds it
+	 * even once the snapshot it was made from is deleted.
+	 */
+	if (req->volume_content_source &&
+	    csi_clone_source_id(req->volume_content_source, want.source)) {
+		csi_clone_source(p, r, req, &want); /* answers why */
+		goto out_unlock;
+	}
 	ret = csi_volume_find(&p->store, req->name, false, &have);
 	if (ret == 0 && csi_volume_compatible(&want, &have, cr)) {
 		csi_create_reply(p, r, &have);
 	} else if (ret == 0) {
 		csi_reply_volume(r, have.id);
 		csi_reply_set(r, CSI_ALREADY_EXISTS,
-			      "volume '%.128s' exists as %s with other layers, passthrough, or a capacity outside the range asked for",
+			      "volume '%.128s' exists as %s with other layers, content source, passthrough, or a capacity outside the range asked for",
 			      req->name, have.id);
 	} else if (ret != -ENOENT) {
 		csi_reply_errno(r, ret, "store");
+	} else if (req->volume_content_source &&
+		   csi_clone_source(p, r, req, &want)) {
+		/* answered: the source is missing or does not fit */
 	} else if (csi_store_writable(&p->store, r) == 0 &&
+		   csi_clone_freeze(p, r, req->name, &want) == 0 &&
 		   csi_create_new(p, r, req->name, &want) == 0) {
 		csi_create_reply(p, r, &want);
 	}
@@ -390,6 +424,10 @@ static void csi_delete_volume(struct csi_plugin *p, const ProtobufCMessage *msg,
 		csi_reply_errno(r, ret, "deleting the volume");
 		goto out;
 	}
+	/* the deleted snapshots only this volume still used go with it */
+	pthread_mutex_lock(&p->store.create_lock);
+	csi_snapshot_gc(&p->store);
+	pthread_mutex_unlock(&p->store.create_lock);
 	csi_reply_ok(r, &out);
 out:
 	csi_busy_leave(&p->store, req->volume_id);
@@ -642,6 +680,10 @@ static void csi_controller_caps(struct csi_plugin *p, const ProtobufCMessage *ms
 		CSI__V1__CONTROLLER_SERVICE_CAPABILITY__RPC__TYPE__GET_VOLUME,
 		CSI__V1__CONTROLLER_SERVICE_CAPABILITY__RPC__TYPE__VOLUME_CONDITION,
 		CSI__V1__CONTROLLER_SERVICE_CAPABILITY__RPC__TYPE__EXPAND_VOLUME,
+		CSI__V1__CONTROLLER_SERVICE_CAPABILITY__RPC__TYPE__CREATE_DELETE_SNAPSHOT,
+		CSI__V1__CONTROLLER_SERVICE_CAPABILITY__RPC__TYPE__LIST_SNAPSHOTS,
+		CSI__V1__CONTROLLER_SERVICE_CAPABILITY__RPC__TYPE__GET_SNAPSHOT,
+		CSI__V1__CONTROLLER_SERVICE_CAPABILITY__RPC__TYPE__CLONE_VOLUME,
 	};
 
 	csi_reply_caps(r, &csi__v1__controller_get_capabilities_response__descriptor,

@@ -34,6 +34,14 @@
 /* "sv-" and 32 hex digits: 128 random bits, never a path before checked */
 #define CSI_VOLUME_ID_PREFIX "sv-"
 #define CSI_VOLUME_ID_LEN 35
+/* "ss-" and 32 hex digits, the same way */
+#define CSI_SNAPSHOT_ID_PREFIX "ss-"
+#define CSI_SNAPSHOT_ID_LEN 35
+/*
+ * A chain entry naming a snapshot's layer is '@' and its id: no layer
+ * name starts with '@', so the two never collide in a record.
+ */
+#define CSI_CHAIN_SNAPSHOT '@'
 #define CSI_LAYER_NAME_MAX 128
 #define CSI_MAX_LAYERS 64
 #define CSI_NAME_MAX 128 /* CreateVolume name: the spec's limit */
@@ -123,6 +131,7 @@ struct csi_store {
 	int volumes_fd;
 	int node_fd;
 	int empty_fd; /* the base of a volume without layers */
+	int snapshots_fd;
 	int lock_fd;
 	pthread_mutex_t create_lock; /* CreateVolume's name lookup + create */
 	/* guards layer_busy, imports; after create_lock, never before (layer.c) */
@@ -185,11 +194,30 @@ struct csi_volume {
 	char *name;
 	int64_t capacity;
 	int nlayers;
-	char **layers;
+	char **layers;		/* the chain, top first: layer names, "@ss-..." */
 	char *created;		/* RFC 3339 */
+	/* a clone's content source: a snapshot or a volume id; "": none */
+	char source[CSI_VOLUME_ID_LEN + 1];
 	bool ephemeral;		/* an inline volume: name is kubelet's id */
 	bool passthrough;	/* stratafs -o passthrough */
 	json_object *parameters; /* the CreateVolume parameters as given */
+};
+
+/*
+ * A snapshot record: snapshots/<id>/snapshot.json beside its layer,
+ * snapshots/<id>/layer, a volume's upper frozen read-only.
+ */
+struct csi_snapshot {
+	char id[CSI_SNAPSHOT_ID_LEN + 1];
+	char *name;		/* CreateSnapshot's; "" for a clone's own */
+	char source[CSI_VOLUME_ID_LEN + 1];	/* the volume it was taken of */
+	int64_t capacity;	/* the source's at the time: a clone's least */
+	int64_t created_s;	/* creation time, since the epoch */
+	int32_t created_ns;
+	int nchain;
+	char **chain;		/* the layers below its own, top first */
+	/* deleted while in use, or a clone's own: unlisted, gone once unused */
+	bool hidden;
 };
 
 /*
@@ -276,7 +304,7 @@ void csi_client_close(struct csi_client *c);
 /* reply.c: "NOT_FOUND", a status code as the spec spells it */
 const char *csi_code_name(enum csi_code code);
 
-/* identity.c, controller.c, node.c, admin.c: method tables, NULL-path terminated */
+/* identity.c, controller.c, snapshot_rpc.c, node.c, admin.c: method tables, NULL-path terminated */
 extern const struct csi_method csi_identity_methods[];
 extern const struct csi_method csi_controller_methods[];
 extern const struct csi_method csi_node_methods[];
@@ -391,7 +419,37 @@ int csi_volume_list(struct csi_store *s, char ***ids, int *count);
 void csi_volume_free(struct csi_volume *v);
 int csi_layer_open(struct csi_store *s, const char *name);
 
+/* snapshot.c: snapshots in the store, their chains, users, recovery */
+bool csi_snapshot_id_valid(const char *id);
+int csi_chain_entry_check(const char *entry);
+int csi_chain_open(struct csi_store *s, const char *entry);
+void csi_snapshot_free(struct csi_snapshot *ss);
+int csi_snapshot_load(struct csi_store *s, const char *id,
+		      struct csi_snapshot *ss);
+int csi_snapshot_list(struct csi_store *s, char ***ids, int *count);
+int csi_snapshot_find(struct csi_store *s, const char *name,
+		      struct csi_snapshot *ss);
+int csi_snapshot_take(struct csi_plugin *p, struct csi_volume *v,
+		      struct csi_snapshot *ss, char *why, size_t size);
+int csi_snapshot_hide(struct csi_store *s, struct csi_snapshot *ss);
+int csi_snapshot_recover(struct csi_store *s, const char *vid);
+void csi_snapshot_gc(struct csi_store *s);
+int csi_chain_users(struct csi_store *s, const char *entry, char ***users,
+		    int *count, bool strict);
+/* snapshot_rpc.c: the Controller's snapshot methods */
+extern const struct csi_method csi_snapshot_methods[];
+void csi_snapshot_answer(struct csi_reply *r, int err, const char *why);
+/* clone.c: CreateVolume from a VolumeContentSource */
+int csi_clone_source_id(const Csi__V1__VolumeContentSource *src,
+			char source[CSI_VOLUME_ID_LEN + 1]);
+int csi_clone_source(struct csi_plugin *p, struct csi_reply *r,
+		     const Csi__V1__CreateVolumeRequest *req,
+		     struct csi_volume *want);
+int csi_clone_freeze(struct csi_plugin *p, struct csi_reply *r,
+		     const char *name, struct csi_volume *want);
+
 /* controller.c */
+int csi_name_check(const char *name, char *why, size_t size);
 int csi_layers_check(struct csi_plugin *p, struct csi_volume *v,
 		     const char *list, char *why, size_t size);
 

@@ -251,6 +251,29 @@ static char *csi_opt_escape(const char *path)
 	return out;
 }
 
+/*
+ * The chain the daemon starts on is the one recorded now, after the
+ * snapshots of the volume cut short are settled: one that was taken
+ * while the caller's copy of the record was loaded, or finished by that
+ * recovery, moved the data it must serve.
+ */
+static int csi_daemon_chain(struct csi_plugin *p, const struct csi_volume *v,
+			    struct csi_volume *cur, char *why, size_t size)
+{
+	int ret = csi_snapshot_recover(&p->store, v->id);
+
+	if (ret) {
+		snprintf(why, size, "volume %s has a snapshot cut short that cannot be settled (%s): see the plugin's log; its daemon was not started",
+			 v->id, strerror(-ret));
+		return ret;
+	}
+	ret = csi_volume_load(&p->store, v->id, cur);
+	if (ret)
+		snprintf(why, size, "volume %s: its record: %s", v->id,
+			 strerror(-ret));
+	return ret;
+}
+
 static int csi_daemon_opts(struct csi_plugin *p, const struct csi_volume *v,
 			   struct csi_spawn *sp, char **opts, char *why,
 			   size_t size)
@@ -269,11 +292,12 @@ static int csi_daemon_opts(struct csi_plugin *p, const struct csi_volume *v,
 	}
 	len = snprintf(o, cap, "lowerdir=");
 	/*
-	 * The daemon gets the layers as descriptors opened beneath layers/,
-	 * so a symlink swapped in after the check cannot redirect it.
+	 * The daemon gets the layers as descriptors opened beneath layers/
+	 * and snapshots/, so a symlink swapped in after the check cannot
+	 * redirect it.
 	 */
 	for (int i = 0; i < v->nlayers; i++) {
-		int fd = csi_layer_open(s, v->layers[i]);
+		int fd = csi_chain_open(s, v->layers[i]);
 
 		if (fd < 0) {
 			snprintf(why, size, "layer '%s' of volume %s: %s",
@@ -348,12 +372,16 @@ int csi_daemon_start(struct csi_plugin *p, const struct csi_volume *v,
 {
 	struct csi_spawn sp = { .logfd = -1, .nullfd = -1 };
 	char logname[64], source[64], fuse_arg[32], *opts = NULL;
+	struct csi_volume cur = { 0 };
 	int fusefd = -1, ret;
 	off_t from;
 	pid_t pid;
 
 	*mntfd = -1;
-	ret = csi_daemon_opts(p, v, &sp, &opts, why, size);
+	ret = csi_daemon_chain(p, v, &cur, why, size);
+	if (ret)
+		goto out;
+	ret = csi_daemon_opts(p, &cur, &sp, &opts, why, size);
 	if (ret)
 		goto out;
 	snprintf(logname, sizeof(logname), "%s.log", v->id);
@@ -434,6 +462,7 @@ out:
 	if (sp.envp != environ)
 		free(sp.envp);
 	free(opts);
+	csi_volume_free(&cur);
 	return ret;
 }
 

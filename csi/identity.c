@@ -113,5 +113,7 @@ const struct csi_method csi_identity_methods[] = {
 
 const struct csi_method *const csi_services[] = {
 	csi_identity_methods, csi_controller_methods, csi_node_methods,
-	csi_admin_methods, NULL,
+	csi_admin_methods,
+	/* last: the fuzz seeds pick methods by their place in this list */
+	csi_snapshot_methods, NULL,
 };

@@ -82,9 +82,50 @@ static int csi_layer_exists(struct csi_store *s, const char *name)
 		       -errno : 0;
 }
 
+/* Adds ID to the users of each of NAMES that CHAIN holds. */
+static int csi_layer_add_users(char **names, int n, char **chain, int nchain,
+			       const char *id, char ***users, int *nusers)
+{
+	int ret = 0;
+
+	for (int i = 0; i < n && !ret; i++)
+		for (int l = 0; l < nchain && !ret; l++)
+			if (!strcmp(chain[l], names[i]))
+				ret = csi_strv_push(&users[i], &nusers[i], id);
+	return ret;
+}
+
 /*
- * The volumes whose chain holds each of `names`: users[i] is a
- * comma-free list of ids, nusers[i] its length. A volume whose record
+ * The snapshots (hidden ones too: a clone still reads them) whose chain
+ * holds each of NAMES, added to USERS as csi_layer_users does.
+ */
+static int csi_layer_snapshot_users(struct csi_store *s, char **names, int n,
+				    char ***users, int *nusers, bool strict)
+{
+	char **ids;
+	int nids, ret;
+
+	ret = csi_snapshot_list(s, &ids, &nids);
+	for (int i = 0; !ret && i < nids; i++) {
+		struct csi_snapshot ss;
+		int err = csi_snapshot_load(s, ids[i], &ss);
+
+		if (err) {
+			ret = err != -ENOENT && strict ? -EIO : 0;
+			continue;
+		}
+		ret = csi_layer_add_users(names, n, ss.chain, ss.nchain, ss.id,
+					  users, nusers);
+		csi_snapshot_free(&ss);
+	}
+	if (nids)
+		csi_free_strv(ids, nids);
+	return ret;
+}
+
+/*
+ * The volumes and snapshots whose chain holds each of `names`: users[i]
+ * is a comma-free list of ids, nusers[i] its length. A record that
  * cannot be read counts as a user of nothing, but makes the answer
  * -EIO when `strict` (a removal must not guess).
  */
@@ -109,31 +150,16 @@ static int csi_layer_users(struct csi_store *s, char **names, int n,
 			ret = 0;
 			continue;
 		}
-		for (int i = 0; i < n; i++)
-			for (int l = 0; l < vol.nlayers; l++) {
-				char **nu;
-
-				if (strcmp(vol.layers[l], names[i]))
-					continue;
-				nu = realloc(users[i], sizeof(*nu) * (nusers[i] + 1));
-				if (!nu) {
-					ret = -ENOMEM;
-					break;
-				}
-				users[i] = nu;
-				nu[nusers[i]] = strdup(ids[v]);
-				if (!nu[nusers[i]]) {
-					ret = -ENOMEM;
-					break;
-				}
-				nusers[i]++;
-			}
+		ret = csi_layer_add_users(names, n, vol.layers, vol.nlayers,
+					  ids[v], users, nusers);
 		csi_volume_free(&vol);
 		if (ret)
 			break;
 	}
 	csi_free_strv(ids, nids);
-	return ret;
+	if (ret)
+		return ret;
+	return csi_layer_snapshot_users(s, names, n, users, nusers, strict);
 }
 
 /* A Layer message for layers/<name>, allocated with the reply. */
@@ -496,6 +522,16 @@ static void csi_layer_user_list(char **users, int n, char *buf, size_t size)
 				users[i]);
 }
 
+/* What the users are: "volume", "snapshot", or both. */
+static const char *csi_layer_user_kind(char **users, int n)
+{
+	int nvol = 0;
+
+	for (int i = 0; i < n; i++)
+		nvol += csi_volume_id_valid(users[i]);
+	return nvol == n ? "volume" : nvol ? "volume or snapshot" : "snapshot";
+}
+
 void csi_admin_delete_layer(struct csi_plugin *p, const ProtobufCMessage *msg,
 			    struct csi_reply *r)
 {
@@ -532,8 +568,9 @@ void csi_admin_delete_layer(struct csi_plugin *p, const ProtobufCMessage *msg,
 	if (nusers) {
 		csi_layer_user_list(users, nusers, list, sizeof(list));
 		csi_reply_set(r, CSI_FAILED_PRECONDITION,
-			      "layer %s is used by %d volume%s (%s): delete %s first",
-			      req->name, nusers, nusers == 1 ? "" : "s", list,
+			      "layer %s is used by %d %s%s (%s): delete %s first",
+			      req->name, nusers, csi_layer_user_kind(users, nusers),
+			      nusers == 1 ? "" : "s", list,
 			      nusers == 1 ? "it" : "them");
 		goto out;
 	}

@@ -8,6 +8,7 @@
  *   volumes/<id>/volume.json  the volume record
  *   node/<id>.json, <id>.log  node state of a staged volume, daemon log
  *   empty/                    the base under a volume without layers
+ *   snapshots/                frozen uppers and their records (snapshot.c)
  *
  * A volume appears and disappears atomically: it is built under a hidden
  * name and renamed into place, and deleted by renaming it to a hidden
@@ -90,7 +91,7 @@ int csi_store_open(struct csi_store *s, const char *root)
 
 	memset(s, 0, sizeof(*s));
 	s->root_fd = s->layers_fd = s->volumes_fd = s->node_fd = -1;
-	s->empty_fd = s->lock_fd = -1;
+	s->empty_fd = s->lock_fd = s->snapshots_fd = -1;
 	pthread_mutex_init(&s->create_lock, NULL);
 	pthread_mutex_init(&s->busy_lock, NULL);
 	pthread_mutex_init(&s->layer_lock, NULL);
@@ -122,13 +123,19 @@ int csi_store_open(struct csi_store *s, const char *root)
 	if ((ret = csi_open_dir(s->root_fd, "layers", &s->layers_fd)) ||
 	    (ret = csi_open_dir(s->root_fd, "volumes", &s->volumes_fd)) ||
 	    (ret = csi_open_dir(s->root_fd, "node", &s->node_fd)) ||
-	    (ret = csi_open_dir(s->root_fd, "empty", &s->empty_fd)))
+	    (ret = csi_open_dir(s->root_fd, "empty", &s->empty_fd)) ||
+	    (ret = csi_open_dir(s->root_fd, "snapshots", &s->snapshots_fd)))
 		goto out;
 	/* the admin's layers must be readable by the daemons, no more */
 	fchmod(s->layers_fd, 0755);
 	fchmod(s->empty_fd, 0755);
+	/* daemons read the snapshots' layers as they read layers/ */
+	fchmod(s->snapshots_fd, 0755);
 	csi_store_sweep(s);
 	csi_layer_sweep(s);
+	/* before any call, and before a heal starts a daemon on a chain */
+	csi_snapshot_recover(s, NULL);
+	csi_snapshot_gc(s);
 	return 0;
 out:
 	csi_store_close(s);
@@ -138,7 +145,7 @@ out:
 void csi_store_close(struct csi_store *s)
 {
 	int *fds[] = { &s->root_fd,  &s->layers_fd, &s->volumes_fd,
-		       &s->node_fd,  &s->empty_fd };
+		       &s->node_fd,  &s->empty_fd,  &s->snapshots_fd };
 
 	/* before root_fd goes: the lock file exists while a plugin holds it */
 	if (s->root_fd >= 0)
@@ -158,7 +165,8 @@ void csi_store_close(struct csi_store *s)
 /* Probe's check: the store must still be there and writable. */
 int csi_store_check(struct csi_store *s, char *why, size_t size)
 {
-	const char *dirs[] = { "layers", "volumes", "node", "empty" };
+	const char *dirs[] = { "layers", "volumes", "node", "empty",
+			       "snapshots" };
 
 	for (size_t i = 0; i < sizeof(dirs) / sizeof(dirs[0]); i++)
 		if (faccessat(s->root_fd, dirs[i], W_OK | X_OK, 0) < 0) {
@@ -178,7 +186,7 @@ int csi_store_check(struct csi_store *s, char *why, size_t size)
  */
 int csi_store_writable(struct csi_store *s, struct csi_reply *r)
 {
-	const char *dirs[] = { "volumes", "node" };
+	const char *dirs[] = { "volumes", "node", "snapshots" };
 	struct statvfs st;
 
 	if (fstatvfs(s->root_fd, &st) == 0 && (st.f_flag & ST_RDONLY)) {
@@ -243,7 +251,7 @@ static int csi_volume_parse(json_object *o, struct csi_volume *v)
 {
 	json_object *layers, *params;
 	const char *id = csi_json_str(o, "id"), *name = csi_json_str(o, "name");
-	const char *created = csi_json_str(o, "created");
+	const char *created = csi_json_str(o, "created"), *src;
 
 	if (!id || !csi_volume_id_valid(id) || !name ||
 	    !json_object_object_get_ex(o, "layers", &layers) ||
@@ -264,7 +272,7 @@ static int csi_volume_parse(json_object *o, struct csi_volume *v)
 			json_object_array_get_idx(layers, i));
 
 		/* a record edited by hand is checked like a request */
-		if (!l || csi_layer_name_check(l))
+		if (!l || csi_chain_entry_check(l))
 			return -EBADMSG;
 		v->layers[i] = strdup(l);
 		if (!v->layers[i])
@@ -272,6 +280,11 @@ static int csi_volume_parse(json_object *o, struct csi_volume *v)
 	}
 	if (json_object_object_get_ex(o, "parameters", &params))
 		v->parameters = json_object_get(params);
+	src = csi_json_str(o, "content_source");
+	if (src && !csi_volume_id_valid(src) && !csi_snapshot_id_valid(src))
+		return -EBADMSG;
+	if (src)
+		memcpy(v->source, src, sizeof(v->source));
 	return 0;
 }
 
@@ -387,7 +400,27 @@ static json_object *csi_volume_json(const struct csi_volume *v)
 	json_object_object_add(o, "parameters",
 			       json_object_get(v->parameters));
 	json_object_object_add(o, "created", json_object_new_string(v->created));
+	if (v->source[0])
+		json_object_object_add(o, "content_source",
+				       json_object_new_string(v->source));
 	return o;
+}
+
+/* Rewrites an existing volume's record, atomically (record.c): a new chain or capacity. */
+int csi_volume_save(struct csi_store *s, const struct csi_volume *v)
+{
+	json_object *o = csi_volume_json(v);
+	int fd, ret;
+
+	if (!o)
+		return -ENOMEM;
+	fd = openat(s->volumes_fd, v->id, O_RDONLY | O_DIRECTORY | O_NOFOLLOW |
+						  O_CLOEXEC);
+	ret = fd < 0 ? -errno : csi_record_write(fd, "volume.json", o);
+	if (fd >= 0)
+		close(fd);
+	json_object_put(o);
+	return ret;
 }
 
 /* Builds the volume under a hidden name, then renames it into place. */
@@ -441,23 +474,6 @@ out:
 	json_object_put(o);
 	if (fd >= 0)
 		close(fd);
-	return ret;
-}
-
-/* Rewrites an existing volume's record in place, atomically (record.c). */
-int csi_volume_save(struct csi_store *s, const struct csi_volume *v)
-{
-	json_object *o;
-	int fd, ret;
-
-	fd = openat(s->volumes_fd, v->id, O_RDONLY | O_DIRECTORY | O_NOFOLLOW |
-					      O_CLOEXEC);
-	if (fd < 0)
-		return -errno;
-	o = csi_volume_json(v);
-	ret = o ? csi_record_write(fd, "volume.json", o) : -ENOMEM;
-	json_object_put(o);
-	close(fd);
 	return ret;
 }
 

@@ -7,6 +7,8 @@
  * the call; ctl_text.c prints the reply
  * as readable lines, ctl_json.c as JSON instead (--json); ctl_volume.c prints the Admin service's volume
  * states; ctl_layer.c the layer commands' requests and replies;
+ * ctl_snapshot.c the snapshot commands (a table of their own) and
+ * create-volume's content source;
  * ctl_progress.c shows a long call's progress on a terminal.
  */
 #ifndef STRATA_CTL_H
@@ -56,6 +58,8 @@ enum ctl_opt {
 	CTL_OPT_FS_TYPE,
 	CTL_OPT_CONTEXT,
 	CTL_OPT_WAIT,
+	CTL_OPT_FROM_SNAPSHOT,
+	CTL_OPT_FROM_VOLUME,
 };
 
 struct ctl_kv {
@@ -96,6 +100,8 @@ struct ctl_args {
 	const char *fs_type;
 	struct ctl_kvs context;
 	int wait_ms;		/* probe --wait; -1: not given */
+	const char *from_snapshot;	/* create-volume's content source */
+	const char *from_volume;
 };
 
 /* What is `offset` bytes into m (a struct or a message), as a `type`. */
@@ -230,6 +236,10 @@ void ctl_text_import_layer(struct ctl *ctl, const ProtobufCMessage *reply);
 void ctl_text_list_layers(struct ctl *ctl, const ProtobufCMessage *reply);
 int ctl_progress_import(void *arg, char *buf, size_t size);
 void ctl_text_delete_layer(struct ctl *ctl, const ProtobufCMessage *reply);
+
+/* ctl_snapshot.c: snapshot create, list, rm; NULL-name terminated */
+extern const struct ctl_cmd ctl_snapshot_cmds[];
+int ctl_build_content_source(struct ctl *ctl, Csi__V1__CreateVolumeRequest *r);
 
 /* ctl_json.c */
 void ctl_json_append(json_object *arr, const ProtobufCMessage *m,

@@ -53,6 +53,7 @@ static const struct sfs_control_verb sfs_control_verbs[] = {
 	{ "progress", sfs_progress_verb, 0, 0 },
 	{ "usage", sfs_usage_verb, 0, 0 },
 	{ "capacity", sfs_capacity_verb, 1, 1 },
+	{ "freeze", sfs_freeze_verb, 1, 1 },
 };
 
 static struct {

@@ -301,31 +301,75 @@ void sfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 }
 
 
+static bool sfs_file_writable(const struct sfs_file *f)
+{
+	return (f->flags & O_ACCMODE) != O_RDONLY;
+}
+
+/*
+ * Moves the handle to the node's upper copy: 0, or a negative errno with
+ * the handle left where it was. A read-only handle opened on a lower
+ * file gets there after a copy-up, a writable one after a freeze left
+ * it on the frozen file (freeze.c); it reopens with its own flags, but
+ * never truncates again. One move per handle between two freezes, so
+ * oldfd is free (a freeze closes it).
+ */
+static int sfs_file_follow(struct sfs_file *f)
+{
+	int flags = sfs_file_writable(f) ? f->flags & ~O_TRUNC :
+					   O_RDONLY | (f->flags & O_DIRECT);
+	int fd, ret = 0;
+
+	pthread_mutex_lock(&f->lock);
+	if (f->upper)
+		goto out;
+	ret = sfs_node_pin(f->node);
+	if (ret < 0)
+		goto out;
+	fd = sfs_reopen(sfs_upper(f->node), flags);
+	sfs_node_unpin(f->node);
+	if (fd < 0) {
+		ret = fd;
+		goto out;
+	}
+	/*
+	 * Readers still on the old fd finish on the old data; it is closed
+	 * with the handle, never under them.
+	 */
+	f->oldfd = f->fd;
+	f->fd = fd;
+	f->upper = true;
+out:
+	pthread_mutex_unlock(&f->lock);
+	return ret;
+}
+
 /* The descriptor to read through: the upper copy once there is one. */
 static int sfs_file_readfd(struct sfs_file *f)
 {
-	int fd;
+	if (!f->upper && atomic_load(&f->node->has_upper))
+		sfs_file_follow(f);
+	return f->fd;
+}
 
-	if (f->upper || !atomic_load(&f->node->has_upper))
-		return f->fd;
-	pthread_mutex_lock(&f->lock);
-	if (!f->upper && sfs_node_pin(f->node) == 0) {
-		fd = sfs_reopen(sfs_upper(f->node),
-				O_RDONLY | (f->flags & O_DIRECT));
-		sfs_node_unpin(f->node);
-		if (fd >= 0) {
-			/*
-			 * Readers still on the old fd finish on the old data;
-			 * it is closed with the handle, never under them.
-			 */
-			f->oldfd = f->fd;
-			f->fd = fd;
-			f->upper = true;
-		}
+/*
+ * The descriptor to change the file through, in *FD. After a freeze, a
+ * handle is on the frozen file, which must never change again: the file
+ * is copied up into the new upper first, as a write open does.
+ */
+static int sfs_file_writefd(struct sfs_file *f, int *fd)
+{
+	int ret = 0;
+
+	if (!f->upper) {
+		if (!sfs_file_writable(f))
+			return -EBADF;
+		ret = sfs_copy_up(f->node);
+		if (ret == 0)
+			ret = sfs_file_follow(f);
 	}
-	fd = f->fd;
-	pthread_mutex_unlock(&f->lock);
-	return fd;
+	*fd = f->fd;
+	return ret;
 }
 
 void sfs_op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
@@ -342,27 +386,26 @@ void sfs_op_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *buf,
 		      off_t off, struct fuse_file_info *fi)
 {
 	struct sfs_file *f = sfs_file_of(fi);
-	int ret = sfs_file_killpriv(req, f);
+	int fd, ret = sfs_file_writefd(f, &fd);
 	struct sfs_claim claim;
 	ssize_t fits;
 
 	sfs_count(STRATA_ST_WRITE, 1);
 	sfs_count(STRATA_ST_WRITE_BYTES, fuse_buf_size(buf));
+	if (ret == 0)
+		ret = sfs_file_killpriv(req, f);
 	if (ret < 0) {
 		sfs_reply_err(req, ret);
 		return;
 	}
-	/* only upper files are open for writing: the lower's fd refuses */
-	fits = f->upper ? sfs_usage_claim(f->node, f->fd, off,
-					  fuse_buf_size(buf), &claim) :
-			  (ssize_t)fuse_buf_size(buf);
+	/* sfs_file_writefd leaves the handle on the upper file */
+	fits = sfs_usage_claim(f->node, fd, off, fuse_buf_size(buf), &claim);
 	if (fits < 0) {
 		sfs_reply_err(req, (int)fits);
 		return;
 	}
 	atomic_fetch_add(&f->node->dirty, 1);
-	sfs_io_write(req, f->fd, buf, off, f->flags & O_DIRECT,
-		     f->upper ? &claim : NULL);
+	sfs_io_write(req, fd, buf, off, f->flags & O_DIRECT, &claim);
 }
 
 void sfs_op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
@@ -403,17 +446,18 @@ void sfs_op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t offset,
 {
 	struct sfs_file *f = sfs_file_of(fi);
 	struct sfs_claim claim = { .node = f->node };
-	int ret;
+	int fd, ret;
 
 	sfs_count(STRATA_ST_FALLOCATE, 1);
-	if (!f->upper) {
-		fuse_reply_err(req, EBADF);
+	ret = sfs_file_writefd(f, &fd);
+	if (ret < 0) {
+		sfs_reply_err(req, ret);
 		return;
 	}
 	/* it modifies the file like a write: privileges go the same way */
 	atomic_fetch_add(&f->node->dirty, 1);
 	ret = sfs_file_killpriv(req, f);
-	sfs_usage_seed(f->node, f->fd);
+	sfs_usage_seed(f->node, fd);
 	/*
 	 * Allocating modes may take all of the range: it must fit whole,
 	 * as fallocate(2) allocates all of it or fails. Punching and
@@ -421,9 +465,9 @@ void sfs_op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t offset,
 	 */
 	if (ret == 0 && !(mode & (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_COLLAPSE_RANGE)))
 		ret = sfs_usage_reserve(length, &claim.bytes);
-	if (ret == 0 && fallocate(f->fd, mode, offset, length) < 0)
+	if (ret == 0 && fallocate(fd, mode, offset, length) < 0)
 		ret = -errno;
-	sfs_usage_settle(&claim, f->fd);
+	sfs_usage_settle(&claim, fd);
 	sfs_reply_err(req, ret);
 }
 
@@ -445,13 +489,16 @@ void sfs_op_copy_file_range(fuse_req_t req, fuse_ino_t ino_in, off_t off_in,
 			    size_t len, int flags)
 {
 	struct sfs_file *out = sfs_file_of(fi_out);
-	int ret = sfs_file_killpriv(req, out);
+	int fd, ret = sfs_file_writefd(out, &fd);
 	struct sfs_claim claim = { 0 };
 	ssize_t fits = len;
 
 	sfs_count(STRATA_ST_COPY_FILE_RANGE, 1);
-	if (ret == 0 && out->upper)
-		fits = sfs_usage_claim(out->node, out->fd, off_out, len, &claim);
+	if (ret == 0)
+		ret = sfs_file_killpriv(req, out);
+	/* sfs_file_writefd leaves the handle on the upper file */
+	if (ret == 0)
+		fits = sfs_usage_claim(out->node, fd, off_out, len, &claim);
 	if (ret == 0 && fits < 0)
 		ret = (int)fits;
 	if (ret < 0) {
@@ -459,9 +506,9 @@ void sfs_op_copy_file_range(fuse_req_t req, fuse_ino_t ino_in, off_t off_in,
 		return;
 	}
 	atomic_fetch_add(&out->node->dirty, 1);
-	sfs_io_copy_file(req, sfs_file_readfd(sfs_file_of(fi_in)), off_in, out->fd,
+	sfs_io_copy_file(req, sfs_file_readfd(sfs_file_of(fi_in)), off_in, fd,
 			 off_out, fits, flags);
-	sfs_usage_settle(&claim, out->fd);
+	sfs_usage_settle(&claim, fd);
 }
 
 /*

@@ -197,6 +197,8 @@ int sfs_handshake(struct fuse_session *se, bool supervised)
 		goto out;
 	}
 out:
+	/* this thread reads no more requests: INIT is done with (gate.c) */
+	sfs_gate_leave();
 	if (ret < 0)
 		strata_err("FUSE INIT: %s", strerror(-ret));
 	free(cap);

@@ -310,6 +310,25 @@ int sfs_upper_ino(int dirfd, const char *name, ino_t real, bool impure,
 }
 
 /*
+ * The inode number a lower entry NAME in DIRFD (layer LAYER, 1-based)
+ * reports. A layer a freeze made (freeze.c) was the upper: the entries
+ * copied up into it keep the number they had, in our xattr, in a
+ * directory marked impure, as upper entries do (sfs_upper_ino), so that
+ * the numbers the kernel holds stay. Such a layer is on the upper's
+ * filesystem; no other needs the look.
+ */
+uint64_t sfs_lower_ino(int dirfd, const char *name, int layer, ino_t real,
+		       bool impure)
+{
+	unsigned fsid = sfs->lower[layer - 1].fsid;
+	uint64_t ino = sfs_ino_compose(fsid, real);
+
+	if (impure && sfs_lower_was_upper(layer))
+		sfs_ino_xattr_get(dirfd, name, &ino);
+	return ino;
+}
+
+/*
  * A lower file with several names (fd, in layer LAYER, 1-based) may
  * have its copy in the index: its descriptor, O_PATH, or -ENOENT.
  */

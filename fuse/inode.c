@@ -71,21 +71,31 @@ static int sfs_node_nfds(struct sfs_node *n)
 	return atomic_load(&n->has_upper) + n->nlower;
 }
 
+/* The entries the node's own allocation holds, right after it. */
+struct sfs_entry *sfs_node_inline_lower(struct sfs_node *n)
+{
+	return (struct sfs_entry *)(n + 1);
+}
+
 static char *sfs_node_inline_name(struct sfs_node *n)
 {
-	char *end = (char *)(n->lower + n->nlower);
+	char *end = (char *)(sfs_node_inline_lower(n) + n->lower_room);
 
 	return S_ISDIR(n->type) ? end + sizeof(struct sfs_dirinfo) : end;
 }
 
 /*
  * A node with room for NLOWER entries and its name, zeroed but for
- * them: the caller fills in the rest.
+ * them: the caller fills in the rest. There is room for one entry more
+ * than a directory needs, and for one in any other node: what a freeze
+ * (freeze.c) turns its upper entry into, so that a freeze allocates
+ * nothing for the nodes made since the last one.
  */
 struct sfs_node *sfs_node_alloc(mode_t type, int nlower, const char *name)
 {
+	int room = S_ISDIR(type) ? nlower + 1 : (nlower ? nlower : 1);
 	size_t len = strlen(name) + 1;
-	size_t size = sizeof(struct sfs_node) + nlower * sizeof(struct sfs_entry) +
+	size_t size = sizeof(struct sfs_node) + room * sizeof(struct sfs_entry) +
 		      (S_ISDIR(type) ? sizeof(struct sfs_dirinfo) : 0) + len;
 	struct sfs_node *n = sfs_shm_alloc(size);
 
@@ -93,11 +103,13 @@ struct sfs_node *sfs_node_alloc(mode_t type, int nlower, const char *name)
 		return NULL;
 	n->type = type & S_IFMT;
 	n->nlower = nlower;
+	n->lower_room = room;
+	n->lower = sfs_node_inline_lower(n);
 	n->index_nlink = -1;
 	n->up.fd = -1;
 	n->ublocks = -1;
 	if (S_ISDIR(type)) {
-		n->di = (struct sfs_dirinfo *)(n->lower + nlower);
+		n->di = (struct sfs_dirinfo *)(n->lower + room);
 		n->di->subdirs = -1;
 	}
 	n->name = sfs_node_inline_name(n);
@@ -129,6 +141,8 @@ static void sfs_node_free(struct sfs_node *n)
 			close(n->lower[i].fd);
 		sfs_shm_free(n->lower[i].fh);
 	}
+	if (n->lower != sfs_node_inline_lower(n))
+		sfs_shm_free(n->lower);
 	if (n->name != sfs_node_inline_name(n))
 		sfs_shm_free(n->name);
 	if (n->di) {

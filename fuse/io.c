@@ -429,6 +429,8 @@ static struct sfs_io_op *sfs_io_op_new(fuse_req_t req, int fd, size_t len,
 	op->fd = fd;
 	op->len = len;
 	op->off = off;
+	/* its reply may come from the completion thread: in flight till then */
+	sfs_gate_hold();
 	return op;
 }
 
@@ -436,6 +438,7 @@ static void sfs_io_op_free(struct sfs_io_op *op)
 {
 	free(op->buf);
 	free(op);
+	sfs_gate_put();
 }
 
 static void sfs_io_read_done(struct sfs_io_op *op, int res)

@@ -235,9 +235,15 @@ static int sfs_lookup_lowers(struct sfs_node *dir, struct sfs_lookup *d,
 		n = sfs->nlower;
 	}
 	for (int i = 0; !d->stop && i < n; i++) {
+		/* the topmost entry's number, if it is the view's (f->type) */
+		bool top = !f->type && d->name[0] != '/';
+		char name[sizeof(d->name)];
 		struct stat st;
 		int fd, ret;
 
+		/* a redirect found in this layer renames what comes below */
+		if (top)
+			strcpy(name, d->name);
 		ret = sfs_lookup_layer(stack[i].fd, d, true, &fd, &st);
 		if (ret < 0)
 			return ret;
@@ -245,6 +251,14 @@ static int sfs_lookup_lowers(struct sfs_node *dir, struct sfs_lookup *d,
 			if (!f->type) {
 				f->type = st.st_mode & S_IFMT;
 				f->st = st;
+				f->lower_ino = sfs_ino_compose(
+					sfs->lower[stack[i].layer - 1].fsid,
+					st.st_ino);
+				if (top && sfs_lower_was_upper(stack[i].layer))
+					f->lower_ino = sfs_lower_ino(
+						stack[i].fd, name,
+						stack[i].layer, st.st_ino,
+						sfs_dir_is_impure(stack[i].fd) > 0);
 			}
 			f->lower[f->nlower++] = (struct sfs_entry){
 				fd, stack[i].layer, NULL };
@@ -356,8 +370,7 @@ static int sfs_found_ino(struct sfs_found *f, int dirfd, const char *name,
 		f->has_origin = ret > 0;
 		return ret < 0 ? ret : 0;
 	}
-	*ino = sfs_ino_compose(sfs->lower[f->lower[0].layer - 1].fsid,
-			       f->st.st_ino);
+	*ino = f->lower_ino;
 	if (!S_ISDIR(f->type) && f->st.st_nlink > 1 && sfs_has_upper())
 		return sfs_lookup_index(f);
 	return 0;

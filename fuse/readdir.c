@@ -210,7 +210,7 @@ static void sfs_lister_free(struct sfs_lister *l)
 }
 
 static uint64_t sfs_entry_ino(struct sfs_lister *l, int dirfd, int layer,
-			      const char *name, ino_t real)
+			      const char *name, ino_t real, bool impure)
 {
 	uint64_t ino;
 
@@ -218,14 +218,14 @@ static uint64_t sfs_entry_ino(struct sfs_lister *l, int dirfd, int layer,
 		sfs_upper_ino(dirfd, name, real, l->impure, &ino, NULL);
 		return ino;
 	}
-	return sfs_ino_compose(sfs->lower[layer - 1].fsid, real);
+	return sfs_lower_ino(dirfd, name, layer, real, impure);
 }
 
 static int sfs_list_layer(struct sfs_lister *l, int fd, int layer)
 {
 	size_t marks = l->nowned;	/* this layer's OCI markers start here */
 	struct dirent *de;
-	bool xwh = false;
+	bool xwh = false, impure = false;
 	char val[2];
 	DIR *d;
 	int dfd, ret = 0;
@@ -238,6 +238,9 @@ static int sfs_list_layer(struct sfs_lister *l, int fd, int layer)
 	if (layer > 0)
 		xwh = fgetxattr(dfd, sfs->xattr_opaque, val, sizeof(val)) == 1 &&
 		      val[0] == 'x';
+	/* one that was the upper, with entries copied up (sfs_lower_ino) */
+	if (layer > 0 && l->want_ino && sfs_lower_was_upper(layer))
+		impure = sfs_dir_is_impure(dfd) > 0;
 	d = fdopendir(dfd);
 	if (!d) {
 		close(dfd);
@@ -285,7 +288,8 @@ static int sfs_list_layer(struct sfs_lister *l, int fd, int layer)
 		}
 		ret = sfs_lister_push(l, name,
 				      l->want_ino ? sfs_entry_ino(l, dfd, layer,
-								  name, de->d_ino)
+								  name, de->d_ino,
+								  impure)
 						  : 0,
 				      type);
 		if (ret < 0)

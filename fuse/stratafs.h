@@ -197,11 +197,18 @@ struct sfs_node {
 	/* the upper file's st_blocks as usage.c last counted it; -1 unknown */
 	_Atomic int64_t ublocks;
 	bool pass_used;		/* lock: passthrough since the last cached open */
-	uint8_t nlower;		/* const */
+	uint8_t nlower;		/* const, but for a freeze (freeze.c) */
+	uint8_t lower_room;	/* const: entries the node's own allocation holds */
 	int32_t backing;	/* lock: passthrough backing id while npass */
 	uint32_t npass;		/* lock: open passthrough handles */
 	struct sfs_entry up;	/* the upper entry, once has_upper */
-	struct sfs_entry lower[];	/* const count: nlower entries */
+	/*
+	 * nlower entries: in the node's own allocation (lower_room of them,
+	 * right after this struct), or in one of their own once a freeze
+	 * gave the node more layers than that (freeze.c). Changed only by a
+	 * freeze, while no request runs (gate.c).
+	 */
+	struct sfs_entry *lower;
 };
 
 /*
@@ -232,9 +239,16 @@ enum sfs_dir_cache {
 
 struct sfs_fs {
 	struct sfs_params params;
+	/*
+	 * The layers. A freeze (freeze.c) changes them, while no request
+	 * runs: here, in the shared state, so that a new worker and an
+	 * upgraded binary serve the stack as it is now.
+	 */
 	struct sfs_layer upper;	/* fd -1 when read-only */
 	int nlower;
 	struct sfs_layer lower[SFS_MAX_LOWERS];
+	char *upper_real;	/* the upper's real path, for a freeze's rename */
+	char *upper_from_work;	/* the upper's path from the workdir: "../u" */
 	int workfd;		/* the workdir, flock'ed while mounted */
 	int tmpfd;		/* workdir/work: temp entries for atomic moves */
 	int indexfd;		/* workdir/index: lower hard links (index.c) */
@@ -330,6 +344,7 @@ struct sfs_found {
 	bool indexed;		/* upper is the hardlink index's copy */
 	bool has_origin;
 	bool impure;		/* upper dir holds entries with an origin */
+	uint64_t lower_ino;	/* lower[0]'s number (sfs_lower_ino) */
 };
 
 extern struct sfs_fs *sfs;
@@ -360,6 +375,16 @@ void AnnotateNewMemory(const char *f, int l, uintptr_t mem, size_t size);
 static inline bool sfs_has_upper(void)
 {
 	return sfs->upper.fd >= 0;
+}
+
+/*
+ * Whether lower layer LAYER (1-based) may be an upper a freeze made: on
+ * the upper's filesystem, where its copied-up entries keep their numbers
+ * (sfs_lower_ino).
+ */
+static inline bool sfs_lower_was_upper(int layer)
+{
+	return sfs_has_upper() && sfs->lower[layer - 1].fsid == sfs->upper.fsid;
 }
 
 /* How long the kernel may keep the node's attributes. */
@@ -412,6 +437,7 @@ void sfs_crash_after(const char *name);
 int sfs_table_init(struct sfs_fs *fs);
 void sfs_table_destroy(struct sfs_fs *fs);
 struct sfs_node *sfs_node_alloc(mode_t type, int nlower, const char *name);
+struct sfs_entry *sfs_node_inline_lower(struct sfs_node *n);
 fuse_ino_t sfs_node_id(struct sfs_node *n);
 struct sfs_node *sfs_node_get(fuse_ino_t nodeid);
 struct sfs_node *sfs_node_find(uint64_t ino, mode_t type);
@@ -507,6 +533,8 @@ int sfs_nlink_format(char *buf, size_t size, nlink_t nlink, nlink_t upper);
 int sfs_index_convert(struct sfs_fs *fs);
 int sfs_upper_ino(int dirfd, const char *name, ino_t real, bool impure,
 		  uint64_t *ino, bool *indexed);
+uint64_t sfs_lower_ino(int dirfd, const char *name, int layer, ino_t real,
+		       bool impure);
 int sfs_index_find(int fd, int layer, mode_t type);
 
 /* file.c */
@@ -717,6 +745,7 @@ int sfs_usage_setup(struct sfs_fs *fs);
 int sfs_usage_start(void);
 void sfs_usage_stop(void);
 int sfs_usage_save(bool clean);
+int sfs_usage_recount(void);
 void sfs_usage_charge(int64_t bytes, int64_t inodes);
 int sfs_usage_room(int64_t need);
 int sfs_usage_reserve(int64_t need, int64_t *claimed);
@@ -732,6 +761,17 @@ struct statvfs;
 void sfs_usage_statfs(struct statvfs *sv);
 int sfs_usage_verb(int argc, char **argv, char *out, size_t size);
 int sfs_capacity_verb(int argc, char **argv, char *out, size_t size);
+/* gate.c: requests in flight, and the freeze that waits them out */
+void sfs_gate_enter(void);
+void sfs_gate_leave(void);
+void sfs_gate_hold(void);
+void sfs_gate_put(void);
+int sfs_gate_close(int timeout_ms);
+void sfs_gate_open(void);
+
+/* freeze.c */
+int sfs_freeze_verb(int argc, char **argv, char *out, size_t size);
+void sfs_freeze_fds(struct sfs_fdset *keep);
 
 /* progress.c */
 struct sfs_progress;

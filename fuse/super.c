@@ -150,6 +150,30 @@ static size_t sfs_common_dir(const char *a, const char *b)
 }
 
 /*
+ * Where a freeze (freeze.c) renames the upper from, and how it opens the
+ * new one through the workdir's mount (the clone below), which copy-ups
+ * rename across: UP is the upper's real path, RUP and RWK the upper and
+ * the workdir below their common directory (neither is inside the other).
+ */
+static int sfs_upper_paths(struct sfs_fs *fs, const char *up, const char *rup,
+			   const char *rwk)
+{
+	size_t depth = *rwk != '\0';
+	char *p;
+
+	for (const char *c = rwk; *c; c++)
+		depth += *c == '/';
+	fs->upper_real = sfs_shm_strdup(up);
+	fs->upper_from_work = p = sfs_shm_alloc(depth * 3 + strlen(rup) + 1);
+	if (!fs->upper_real || !p)
+		return -ENOMEM;
+	while (depth--)
+		p = stpcpy(p, "../");
+	strcpy(p, rup);
+	return 0;
+}
+
+/*
  * Upper and work through one clone, taken at the deepest directory
  * holding both (realpath'd, so no symlink is left in either).
  */
@@ -174,6 +198,8 @@ static int sfs_open_upper_work(struct sfs_fs *fs, struct sfs_layer *work)
 	if (ret == 0)
 		ret = sfs_open_layer_at(work, fs->params.workdir, "workdir",
 					tree, rwk);
+	if (ret == 0 && up && wk)
+		ret = sfs_upper_paths(fs, up, rup, rwk);
 	if (tree >= 0)
 		close(tree);
 	free(base);
@@ -510,6 +536,8 @@ void sfs_teardown(struct sfs_fs *fs)
 	if (fs->upper.fd >= 0)
 		close(fs->upper.fd);
 	sfs_shm_free(fs->upper.path);
+	sfs_shm_free(fs->upper_real);
+	sfs_shm_free(fs->upper_from_work);
 	if (fs->tmpfd >= 0)
 		close(fs->tmpfd);
 	if (fs->indexfd >= 0)

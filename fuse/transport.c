@@ -65,6 +65,8 @@ bool sfs_transport_request(int fd, const void *buf, size_t len)
 {
 	const struct fuse_in_header *in = buf;
 
+	/* in flight from here: a freeze waits for it, or it for the freeze */
+	sfs_gate_enter();
 	SFS_TSAN_ACQUIRE(&sfs_device_order);
 	if (len < sizeof(*in))
 		return true;
@@ -80,7 +82,15 @@ bool sfs_transport_request(int fd, const void *buf, size_t len)
 static ssize_t sfs_hook_read(int fd, void *buf, size_t len, void *userdata)
 {
 	for (;;) {
-		ssize_t n = read(fd, buf, len);
+		ssize_t n;
+
+		/*
+		 * libfuse's loop reads again only once the handler of the
+		 * request before has returned: that request is no longer
+		 * this thread's (gate.c).
+		 */
+		sfs_gate_leave();
+		n = read(fd, buf, len);
 
 		if (n < 0 || sfs_transport_request(fd, buf, (size_t)n))
 			return n;

@@ -501,6 +501,7 @@ static void sfs_uring_serve(struct sfs_uring_queue *q, struct sfs_uring_ent *e)
 	sfs_uring_cur = e;
 	if (sfs_transport_request(sfs_uring.devfd, q->req, buf.size))
 		fuse_session_process_buf(sfs_uring.se, &buf);
+	sfs_gate_leave();
 	sfs_uring_cur = NULL;
 }
 

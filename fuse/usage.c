@@ -348,6 +348,16 @@ static int sfs_usage_walk(struct sfs_fs *fs)
 	return 0;
 }
 
+/*
+ * After a freeze (freeze.c), in its window: the upper is a new, empty
+ * directory and the workdir is cleared, so what was counted belongs to
+ * the frozen layer now. Counting both again is a walk of a few entries.
+ */
+int sfs_usage_recount(void)
+{
+	return sfs_usage_walk(sfs);
+}
+
 /* ---- the usage file ---- */
 
 /* 0 with the counters from a clean file; -ENOENT, -EBADMSG or -EAGAIN (not clean). */

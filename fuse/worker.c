@@ -134,6 +134,8 @@ static int sfs_worker_takeover(const struct sfs_fdset *base)
 	for (size_t i = 0; i < base->size && i < keep.size; i += SFS_FDSET_WORD)
 		keep.bits[i / SFS_FDSET_WORD] = base->bits[i / SFS_FDSET_WORD];
 	sfs_shm_takeover();
+	/* an upper a freeze opened is not among the supervisor's own */
+	sfs_freeze_fds(&keep);
 	ret = sfs_table_takeover(&keep);
 	if (ret == 0) {
 		sfs_files_takeover(&keep);

@@ -14,7 +14,8 @@
  * volume with a fixed id (sv-0...01) whose node record says it is staged
  * (by a daemon that is not running) and published once, so that seeds
  * reach the unstage, unpublish, stats and heal checks too, and one that
- * is only created (sv-0...02), which a stage takes as far as the mount.
+ * is only created (sv-0...02), which a stage takes as far as the mount
+ * and a snapshot or a clone freezes for real.
  * It is put back as it was after every input. Stages and publishes that
  * succeed need a FUSE mount: the suites over real mounts cover those.
  *
@@ -150,6 +151,19 @@ static void fz_layers_reset(void)
 	closedir(d);
 }
 
+/* Every snapshot goes: CreateSnapshot and clones of a volume make them. */
+static void fz_snapshots_reset(void)
+{
+	DIR *d = strata_opendir_at(fz_p.store.snapshots_fd, ".");
+	struct dirent *e;
+
+	FZ_CHECK(d);
+	while ((e = readdir(d)))
+		if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+			strata_rmtree_at(fz_p.store.snapshots_fd, e->d_name);
+	closedir(d);
+}
+
 /* Puts the store and the kubelet directory back as they were. */
 static void fz_reset(void)
 {
@@ -167,6 +181,7 @@ static void fz_reset(void)
 	snprintf(path, sizeof(path), "%s/ephemeral", fz_p.store.root);
 	strata_rmtree_at(AT_FDCWD, path);	/* made by inline publishes */
 	fz_layers_reset();
+	fz_snapshots_reset();
 	strata_rmtree_at(AT_FDCWD, fz_kubelet);
 	FZ_CHECK(mkdir(fz_kubelet, 0750) == 0);
 	FZ_CHECK(mkdir(fz_staging, 0750) == 0);

@@ -133,6 +133,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 	fz_add_types(csi_identity_methods);
 	fz_add_types(csi_controller_methods);
 	fz_add_types(csi_node_methods);
+	fz_add_types(csi_snapshot_methods);
 	FZ_CHECK(fz_ntypes > 0);
 	return 0;
 }

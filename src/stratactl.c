@@ -81,6 +81,8 @@ static const struct option ctl_options[] = {
 	{ "fs-type", required_argument, NULL, CTL_OPT_FS_TYPE },
 	{ "context", required_argument, NULL, CTL_OPT_CONTEXT },
 	{ "wait", optional_argument, NULL, CTL_OPT_WAIT },
+	{ "from-snapshot", required_argument, NULL, CTL_OPT_FROM_SNAPSHOT },
+	{ "from-volume", required_argument, NULL, CTL_OPT_FROM_VOLUME },
 	{ NULL, 0, NULL, 0 },
 };
 #define CTL_NOPTIONS (sizeof(ctl_options) / sizeof(*ctl_options))
@@ -111,6 +113,8 @@ static const struct ctl_slot {
 	{ CTL_OPT_READONLY, offsetof(struct ctl_args, readonly), true },
 	{ CTL_OPT_MOUNT_GROUP, offsetof(struct ctl_args, mount_group), false },
 	{ CTL_OPT_FS_TYPE, offsetof(struct ctl_args, fs_type), false },
+	{ CTL_OPT_FROM_SNAPSHOT, offsetof(struct ctl_args, from_snapshot), false },
+	{ CTL_OPT_FROM_VOLUME, offsetof(struct ctl_args, from_volume), false },
 };
 
 /* ---- small helpers ---------------------------------------------------- */
@@ -368,7 +372,7 @@ static int ctl_build_create_volume(struct ctl *ctl, ProtobufCMessage *req)
 			return ctl_usage_error(ctl, "give the layers once: --layers or --param layers=");
 		ctl_kvs_put(ctl, &a->params, "layers", a->layers);
 	}
-	return 0;
+	return ctl_build_content_source(ctl, r);
 }
 
 /* ControllerExpandVolume's capacity range, as CreateVolume's. */
@@ -586,7 +590,8 @@ static int ctl_probe(struct ctl *ctl)
 
 static const int ctl_opts_create[] = {
 	CTL_OPT_LAYERS, CTL_OPT_CAPACITY, CTL_OPT_LIMIT, CTL_OPT_PARAM,
-	CTL_OPT_ACCESS_MODE, CTL_OPT_BLOCK, CTL_OPT_SECRET, CTL_OPT_END,
+	CTL_OPT_ACCESS_MODE, CTL_OPT_BLOCK, CTL_OPT_SECRET,
+	CTL_OPT_FROM_SNAPSHOT, CTL_OPT_FROM_VOLUME, CTL_OPT_END,
 };
 static const int ctl_opts_delete[] = { CTL_OPT_SECRET, CTL_OPT_END };
 static const int ctl_opts_probe[] = { CTL_OPT_WAIT, CTL_OPT_END };
@@ -656,12 +661,14 @@ static const struct ctl_cmd ctl_cmds[] = {
 	},
 	{
 		.name = "create-volume",
-		.synopsis = "NAME [--layers a,b] [--capacity SIZE] [--limit SIZE] [--param K=V ...] [--access-mode MODE] [--block]",
+		.synopsis = "NAME [--layers a,b] [--capacity SIZE] [--limit SIZE] [--param K=V ...] [--access-mode MODE] [--block] [--from-snapshot ID | --from-volume ID]",
 		.summary = "create a volume, or find the one of that name (CreateVolume)",
 		.options =
 			"  --layers a,b        the layer chain, top first: parameters[\"layers\"]\n"
 			"  --capacity SIZE     capacity_range.required_bytes\n"
 			"  --limit SIZE        capacity_range.limit_bytes\n"
+			"  --from-snapshot ID  a clone of snapshot ID (volume_content_source)\n"
+			"  --from-volume ID    a clone of volume ID as it is now\n"
 			CTL_HELP_PARAM CTL_HELP_CAP CTL_HELP_SECRET
 			"\nSIZE is bytes, or K/M/G/T (powers of 1000) or Ki/Mi/Gi/Ti (powers\n"
 			"of 1024), with an optional B: 1Gi, 512M, 1GiB.\n",
@@ -838,11 +845,24 @@ static const struct ctl_cmd ctl_cmds[] = {
 };
 #define CTL_NCMDS (sizeof(ctl_cmds) / sizeof(*ctl_cmds))
 
+/* The I-th command of this table, then of ctl_snapshot.c's; NULL past both. */
+static const struct ctl_cmd *ctl_cmd_at(size_t i)
+{
+	if (i < CTL_NCMDS)
+		return &ctl_cmds[i];
+	for (const struct ctl_cmd *c = ctl_snapshot_cmds; c->name; c++)
+		if (i-- == CTL_NCMDS)
+			return c;
+	return NULL;
+}
+
 static const struct ctl_cmd *ctl_cmd_find(const char *name)
 {
-	for (size_t i = 0; i < CTL_NCMDS; i++)
-		if (strcmp(ctl_cmds[i].name, name) == 0)
-			return &ctl_cmds[i];
+	const struct ctl_cmd *c;
+
+	for (size_t i = 0; (c = ctl_cmd_at(i)); i++)
+		if (strcmp(c->name, name) == 0)
+			return c;
 	return NULL;
 }
 
@@ -863,9 +883,9 @@ static void ctl_help(FILE *f)
 		"\n"
 		"Commands:\n",
 		CTL_DEFAULT_TIMEOUT_MS / 1000);
-	for (size_t i = 0; i < CTL_NCMDS; i++)
-		fprintf(f, "  %-16s %s\n", ctl_cmds[i].name,
-			ctl_cmds[i].summary);
+	for (size_t i = 0; ctl_cmd_at(i); i++)
+		fprintf(f, "  %-16s %s\n", ctl_cmd_at(i)->name,
+			ctl_cmd_at(i)->summary);
 	fprintf(f,
 		"\n"
 		"Exit status: 0 done; 1 an error status from the plugin or gRPC\n"
@@ -884,7 +904,8 @@ static void ctl_cmd_help(const struct ctl_cmd *cmd)
 }
 
 /* The commands of two words: "volume list", "layer import NAME FILE". */
-static const char *const ctl_groups[] = { "volume", "layer", NULL };
+static const char *const ctl_groups[] = { "volume", "layer", "snapshot",
+					  NULL };
 
 static bool ctl_is_group(const char *name)
 {
@@ -907,12 +928,13 @@ static void ctl_group_list(const char *group, char *buf, size_t size)
 	size_t len = 0;
 
 	buf[0] = '\0';
-	for (size_t i = 0; i < CTL_NCMDS && len < size; i++)
-		if (ctl_in_group(&ctl_cmds[i], group))
+	const struct ctl_cmd *c;
+
+	for (size_t i = 0; (c = ctl_cmd_at(i)) && len < size; i++)
+		if (ctl_in_group(c, group))
 			len += snprintf(buf + len, size - len, "%s%s%s%s",
-					len ? ", " : "", ctl_cmds[i].name,
-					*ctl_cmds[i].synopsis ? " " : "",
-					ctl_cmds[i].synopsis);
+					len ? ", " : "", c->name,
+					*c->synopsis ? " " : "", c->synopsis);
 }
 
 /* `stratactl volume --help`: the commands that start with "volume ". */
@@ -920,11 +942,12 @@ static void ctl_group_help(const char *group)
 {
 	printf("usage: " CTL_PROG " [--endpoint EP] [--json] [--timeout SECONDS] %s SUBCOMMAND\n\n",
 	       group);
-	for (size_t i = 0; i < CTL_NCMDS; i++)
-		if (ctl_in_group(&ctl_cmds[i], group))
-			printf("  %s%s%s\n      %s.\n", ctl_cmds[i].name,
-			       *ctl_cmds[i].synopsis ? " " : "",
-			       ctl_cmds[i].synopsis, ctl_cmds[i].summary);
+	const struct ctl_cmd *c;
+
+	for (size_t i = 0; (c = ctl_cmd_at(i)); i++)
+		if (ctl_in_group(c, group))
+			printf("  %s%s%s\n      %s.\n", c->name,
+			       *c->synopsis ? " " : "", c->synopsis, c->summary);
 	printf("\n--endpoint, --json and --timeout are taken here too; see '" CTL_PROG " --help'.\n");
 }
 

@@ -20,8 +20,7 @@ from csitest import (Kubelet, answers, cap, is_mounted,
 # --------------------------------------------------------------------------
 # dispatch
 
-@pytest.mark.parametrize("path", ["/csi.v1.Controller/CreateSnapshot",
-                                  "/csi.v1.Controller/ControllerPublishVolume",
+@pytest.mark.parametrize("path", ["/csi.v1.Controller/ControllerPublishVolume",
                                   "/csi.v1.Foo/Bar", "/nothing"])
 def test_unknown_method_is_unimplemented_quickly(csi, path):
     t = time.monotonic()

@@ -171,22 +171,23 @@ def blocks(page):
 
 # ---- output shapes --------------------------------------------------------
 
-_ID = re.compile(r"sv-[0-9a-f]{32}")
-_ID_SHOWN = re.compile(r"sv-[0-9a-f]*\.\.\.")
+# volume (sv-) and snapshot (ss-) ids
+_ID = re.compile(r"(s[sv])-[0-9a-f]{32}")
+_ID_SHOWN = re.compile(r"(s[sv])-[0-9a-f]*\.\.\.")
 _NUM = re.compile(r"\d+(\.\d+)?")
 
 
 def _norm(line, shown):
-    line = _ID.sub("sv-ID", line)
+    line = _ID.sub(r"\1-ID", line)
     if shown:
-        line = _ID_SHOWN.sub("sv-ID", line)
+        line = _ID_SHOWN.sub(r"\1-ID", line)
     line = _NUM.sub("N", line)
     return " ".join(line.split())
 
 
 def shape_matches(expected, actual):
-    """Whether `actual` lines have the shape of `expected`: volume ids
-    (sv-5f0c... in the docs) and numbers may differ, runs of blanks
+    """Whether `actual` lines have the shape of `expected`: volume and
+    snapshot ids (sv-5f0c..., ss-7e21... in the docs) and numbers may differ, runs of blanks
     are one, and `...` left in an expected line stands for anything.
     Returns (ok, why)."""
     act = [l for l in actual if l.strip() or expected]

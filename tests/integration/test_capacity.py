@@ -398,3 +398,35 @@ def test_ext4_upper_full_before_the_capacity(stratafs_only, tmp_path):
         subprocess.run(["umount", disk], check=False)
     fsck = subprocess.run(["e2fsck", "-fn", img], capture_output=True, text=True)
     assert fsck.returncode == 0, fsck.stdout + fsck.stderr
+
+
+def test_a_freeze_leaves_the_frozen_files_out_of_the_count(stratafs_only,
+                                                          tmp_path):
+    """A freeze (freeze.c) makes the upper a lower layer: what it held is
+    the frozen layer's, the capacity bounds the new upper, and a write
+    through a handle opened before copies up and is counted again."""
+    u, sock, ufile = mount_cap(stratafs_only, tmp_path, 8 * MiB)
+    fd = os.open(u.path("kept"), os.O_WRONLY | os.O_CREAT, 0o644)
+    os.write(fd, b"k" * (6 * MiB))
+    full = usage(sock)
+    assert full["used"] >= 6 * MiB
+    status, text = control_call(sock, "freeze", str(tmp_path / "frozen"),
+                                timeout=60)
+    assert status == 0, text
+    after = usage(sock)
+    assert after["used"] < MiB and after["inodes"] < full["inodes"], after
+    # the new upper takes 6 MiB more: the frozen 6 MiB do not count
+    with open(u.path("new"), "wb") as f:
+        f.write(b"n" * (6 * MiB))
+    # the old handle's next write copies the file up: 6 MiB more, too much
+    with pytest.raises(OSError) as e:
+        os.pwrite(fd, b"x", 0)
+    assert e.value.errno == errno.ENOSPC
+    os.close(fd)
+    assert read_file(str(tmp_path / "frozen" / "kept")) == b"k" * (6 * MiB)
+    os.unlink(u.path("new"))
+    wait_for(lambda: usage(sock)["used"] < MiB, "the new file's room back")
+    u.unmount()
+    used, inodes = walk_usage(u.upper, u.work)
+    assert read_file(ufile).decode() == (
+        f"strata-usage 1\nbytes={used}\ninodes={inodes}\nclean=1\n")

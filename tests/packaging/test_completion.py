@@ -65,6 +65,18 @@ def test_layer_subcommands(complete, tmp_path):
                     str(tmp_path / "app-")) == [str(archive)]
 
 
+def test_snapshot_subcommands(complete, require_program):
+    assert complete("stratactl", "snapshot", "") == ["create", "list", "rm"]
+    assert complete("stratactl", "snap") == ["snapshot"]
+    assert "--max-entries" in complete("stratactl", "snapshot", "list", "--")
+    assert "--from-snapshot" in complete("stratactl", "create-volume", "v", "--")
+    # no plugin answers on this endpoint: nothing to offer, no error
+    assert complete("stratactl", "--endpoint", "/nonexistent.sock", "snapshot",
+                    "rm", "") == []
+    assert complete("stratactl", "--endpoint", "/nonexistent.sock",
+                    "create-volume", "v", "--from-snapshot", "") == []
+
+
 def test_a_commands_own_options(complete, require_program):
     ctl = require_program("STRATACTL")
     out = subprocess.run([str(ctl), "stage", "--help"], capture_output=True,

@@ -1,0 +1,626 @@
+// SPDX-License-Identifier: Apache-2.0
+/*
+ * freeze.c: a live freeze, the daemon's half of a snapshot of a volume in
+ * use. Over the control channel (control.c), `freeze NEWDIR` makes the
+ * upper as it is now a read-only layer at NEWDIR, and the mount goes on
+ * on a fresh, empty upper at the old path:
+ *
+ *  1. syncfs on the upper, while requests still flow, so that little is
+ *     left to write back later;
+ *  2. the gate closes (gate.c): new requests wait, and those in flight
+ *     finish, their replies sent;
+ *  3. the upper directory is renamed to NEWDIR (a rename keeps every
+ *     descriptor on it valid), an empty one with the same mode and owner
+ *     is made at the old path and opened, and the old one, through the
+ *     descriptor the daemon already holds, becomes the top lower layer;
+ *  4. every node and open file is fixed up (below), in memory only: the
+ *     window costs a walk of the node table and no per-file I/O;
+ *  5. the gate opens; NEWDIR is synced once more, outside the window.
+ *
+ * The frozen layer is the kernel overlayfs format as the upper was, so
+ * its whiteouts and opaque directories keep hiding what is below them:
+ * NEWDIR:<old lowers> under the new upper shows what the mount shows,
+ * to stratafs and to the kernel's overlayfs alike.
+ *
+ * Nodes. An entry in the upper becomes one in lower layer 1, and every
+ * lower entry's layer moves down by one. A directory's frozen entry goes
+ * on top of its lower stack (alone, for an opaque one: lookups never
+ * merged below it); anything else shows only that one entry. A node
+ * keeps its inode number: the frozen layer is on the upper's filesystem,
+ * so it has the upper's fsid, and a later copy-up records the number as
+ * any copy-up does. The next change copies the file up again into the
+ * new upper, as for any lower file. Nodes with no name in the view
+ * (unlinked, or an O_TMPFILE not linked yet) are in no layer: they keep
+ * their upper entry.
+ *
+ * Open files. A handle on an upper file is left on the frozen one: reads
+ * go on there, and the next write, truncate or fallocate through it
+ * copies the file up again and moves the handle to the copy (file.c).
+ * A passthrough handle cannot be moved: the kernel reads and writes its
+ * backing file without asking, and gives a later open of the same file
+ * the same backing file. While one is open on an upper file, the freeze
+ * is refused.
+ *
+ * The layer stack is in the shared state (struct sfs_fs), so a worker
+ * that replaces this one, or the binary of an upgrade, serves it as it is
+ * after the freeze; the new upper's descriptor is kept by each new worker
+ * (sfs_freeze_fds).
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "stratafs.h"
+
+/* how long requests in flight may take to finish before giving up */
+#define SFS_FREEZE_DRAIN_MS 10000
+
+/* A node whose entries outgrow its own room, and the array it gets. */
+struct sfs_freeze_grow {
+	struct sfs_node *node;
+	struct sfs_entry *lower;
+};
+
+struct sfs_freeze {
+	const char *newdir;	/* as asked */
+	char *copy;		/* NEWDIR, its last '/' cut: the parent */
+	const char *newbase;
+	int newparent;		/* NEWDIR's parent */
+	const char *upbase;	/* the upper's name in its parent */
+	int upparent;		/* the upper's parent, on the real mount */
+	struct stat upst;	/* the upper, as its descriptor sees it */
+	struct sfs_layer frozen;	/* what the old upper becomes */
+	int newfd;		/* the new upper, through the workdir's mount */
+	int rootfd;		/* the root node's own descriptor on it */
+	struct sfs_freeze_grow *grow;
+	size_t ngrow;
+	char *out;		/* the error's message goes here */
+	size_t size;
+};
+
+#define sfs_freeze_msg(z, ...) snprintf((z)->out, (z)->size, __VA_ARGS__)
+
+/* Calls FN on the root and on every node in the table, hashed or not. */
+static void sfs_freeze_each(void (*fn)(struct sfs_node *n, void *arg),
+			    void *arg)
+{
+	fn(sfs->root, arg);
+	pthread_mutex_lock(&sfs->table_lock);
+	for (size_t i = 0; i < sfs->table_size; i++)
+		for (struct sfs_node *n = sfs->table[i]; n; n = n->hnext)
+			fn(n, arg);
+	pthread_mutex_unlock(&sfs->table_lock);
+}
+
+/* A node with no name in the view: in no layer, so not frozen either. */
+static bool sfs_freeze_nameless(struct sfs_node *n)
+{
+	return atomic_load(&n->unlinked) || n->linkable;
+}
+
+/* How many entries the node has once frozen. */
+static int sfs_freeze_count(struct sfs_node *n)
+{
+	if (!atomic_load(&n->has_upper) || sfs_freeze_nameless(n))
+		return n->nlower;
+	if (!S_ISDIR(n->type) || (n->di->opaque && n != sfs->root))
+		return 1;
+	return n->nlower + 1;
+}
+
+static void sfs_freeze_count_grow(struct sfs_node *n, void *arg)
+{
+	size_t *count = arg;
+
+	if (sfs_freeze_count(n) > n->lower_room)
+		(*count)++;
+}
+
+static void sfs_freeze_list_grow(struct sfs_node *n, void *arg)
+{
+	struct sfs_freeze *z = arg;
+
+	if (sfs_freeze_count(n) > n->lower_room)
+		z->grow[z->ngrow++].node = n;
+}
+
+static void sfs_freeze_free_grow(struct sfs_freeze *z)
+{
+	for (size_t i = 0; i < z->ngrow; i++)
+		sfs_shm_free(z->grow[i].lower);
+	free(z->grow);
+	z->grow = NULL;
+	z->ngrow = 0;
+}
+
+/*
+ * Allocates, before anything changes, the arrays of the nodes whose
+ * entries will not fit in their own room: the root, and directories
+ * frozen before that have an upper entry again. Few, on any freeze.
+ */
+static int sfs_freeze_alloc_grow(struct sfs_freeze *z)
+{
+	size_t count = 0;
+
+	sfs_freeze_each(sfs_freeze_count_grow, &count);
+	z->grow = calloc(count ? count : 1, sizeof(*z->grow));
+	if (!z->grow)
+		return -ENOMEM;
+	sfs_freeze_each(sfs_freeze_list_grow, z);
+	for (size_t i = 0; i < z->ngrow; i++) {
+		struct sfs_node *n = z->grow[i].node;
+
+		z->grow[i].lower = sfs_shm_alloc(sfs_freeze_count(n) *
+						 sizeof(struct sfs_entry));
+		if (!z->grow[i].lower) {
+			sfs_freeze_free_grow(z);
+			return -ENOMEM;
+		}
+	}
+	return 0;
+}
+
+/* An entry the node lets go of: its descriptor, unless parked, and handle. */
+static void sfs_freeze_drop_entry(struct sfs_node *n, struct sfs_entry *e)
+{
+	if (!atomic_load(&n->parked)) {
+		close(e->fd);
+		atomic_fetch_sub(&sfs->node_fds, 1);
+	}
+	sfs_shm_free(e->fh);
+}
+
+static struct sfs_entry *sfs_freeze_array(struct sfs_freeze *z,
+					  struct sfs_node *n)
+{
+	for (size_t i = 0; i < z->ngrow; i++)
+		if (z->grow[i].node == n) {
+			struct sfs_entry *a = z->grow[i].lower;
+
+			z->grow[i].lower = NULL;	/* the node's now */
+			return a;
+		}
+	return n->lower;
+}
+
+/* The node as the frozen stack shows it; see the top of the file. */
+static void sfs_freeze_node(struct sfs_node *n, void *arg)
+{
+	struct sfs_freeze *z = arg;
+	struct sfs_entry *lower = n->lower;
+	struct sfs_entry top = n->up;
+	int count = n->nlower;
+
+	for (int i = 0; i < n->nlower; i++)
+		n->lower[i].layer++;
+	if (!atomic_load(&n->has_upper) || sfs_freeze_nameless(n))
+		return;
+	top.layer = 1;
+	if (!S_ISDIR(n->type) || (n->di->opaque && n != sfs->root)) {
+		/* the frozen entry hid these already */
+		for (int i = 0; i < n->nlower; i++)
+			sfs_freeze_drop_entry(n, &n->lower[i]);
+		count = 0;
+	}
+	lower = sfs_freeze_array(z, n);
+	memmove(lower + 1, n->lower, count * sizeof(*lower));
+	lower[0] = top;
+	if (lower != n->lower && n->lower != sfs_node_inline_lower(n))
+		sfs_shm_free(n->lower);
+	n->lower = lower;
+	n->nlower = count + 1;
+	n->up = (struct sfs_entry){ -1, 0, NULL };
+	atomic_store(&n->ublocks, -1);	/* counted no more: usage.c */
+	atomic_store(&n->has_upper, false);
+	atomic_store(&n->indexed, false);
+	atomic_store(&n->has_origin, false);
+	n->index_nlink = -1;
+	if (n->di) {
+		/*
+		 * The markers were the upper directory's: the frozen one
+		 * keeps them, and the node's path in the frozen layer is its
+		 * path in the view, which a later rename's redirect names.
+		 */
+		n->di->opaque = false;
+		n->di->impure = false;
+		sfs_shm_free(n->di->redirect);
+		n->di->redirect = NULL;
+	}
+}
+
+/* Open handles: those on upper files follow a copy-up from now on. */
+static void sfs_freeze_files(void)
+{
+	pthread_mutex_lock(&sfs->handles_lock);
+	for (struct sfs_hlink *h = sfs->files.next; h != &sfs->files;
+	     h = h->next) {
+		struct sfs_file *f = (struct sfs_file *)h;
+
+		if (!atomic_load(&f->upper) || sfs_freeze_nameless(f->node))
+			continue;
+		/* nobody reads through it now (gate.c): one fd to swap again */
+		if (f->oldfd >= 0)
+			close(f->oldfd);
+		f->oldfd = -1;
+		atomic_store(&f->upper, false);
+	}
+	pthread_mutex_unlock(&sfs->handles_lock);
+}
+
+/*
+ * How many passthrough handles are open, and how many of them for
+ * writing. The kernel writes a writer's backing file without the daemon:
+ * it cannot be moved off the frozen file. A reader's backing file is the
+ * frozen one too, and the kernel gives every passthrough open of a file
+ * the backing file of the first: a writer opening it after the freeze
+ * would get the frozen file.
+ */
+static int sfs_freeze_pass_open(int *writers)
+{
+	int count = 0;
+
+	*writers = 0;
+	pthread_mutex_lock(&sfs->handles_lock);
+	for (struct sfs_hlink *h = sfs->files.next; h != &sfs->files;
+	     h = h->next) {
+		struct sfs_file *f = (struct sfs_file *)h;
+
+		if (!f->passthrough || sfs_freeze_nameless(f->node))
+			continue;
+		count++;
+		*writers += (f->flags & O_ACCMODE) != O_RDONLY;
+	}
+	pthread_mutex_unlock(&sfs->handles_lock);
+	return count;
+}
+
+/* 1 when the workdir's hard-link index holds anything, 0, or -errno. */
+static int sfs_freeze_index_used(void)
+{
+	struct dirent *de;
+	int used = 0;
+	DIR *d;
+
+	if (sfs->indexfd < 0)
+		return 0;
+	d = strata_opendir_at(sfs->indexfd, ".");
+	if (!d)
+		return -errno;
+	while (!used && (de = readdir(d)))
+		used = strcmp(de->d_name, ".") && strcmp(de->d_name, "..");
+	closedir(d);
+	return used;
+}
+
+/*
+ * What may change while requests run, checked again once none does:
+ * the index and passthrough writers.
+ */
+static int sfs_freeze_check_busy(struct sfs_freeze *z)
+{
+	int ret = sfs_freeze_index_used(), open, writers;
+
+	if (ret < 0) {
+		sfs_freeze_msg(z, "reading the workdir's index: %s",
+			       strerror(-ret));
+		return ret;
+	}
+	if (ret) {
+		sfs_freeze_msg(z, "the workdir's hard-link index is not empty: "
+			       "it refers to files of the upper, which a "
+			       "freeze would move; freeze a volume without "
+			       "copied-up hard links");
+		return -EBUSY;
+	}
+	open = sfs_freeze_pass_open(&writers);
+	if (open) {
+		sfs_freeze_msg(z, "%d passthrough handle%s open on upper files "
+			       "(%d for writing): the kernel reads and writes "
+			       "their files without the daemon, which cannot "
+			       "move them off the frozen layer; close them and "
+			       "freeze again", open, open > 1 ? "s are" : " is",
+			       writers);
+		return -EBUSY;
+	}
+	return 0;
+}
+
+/* NEWDIR: absolute, missing, its parent there and on the upper's fs. */
+static int sfs_freeze_check_newdir(struct sfs_freeze *z)
+{
+	char *slash;
+	struct stat st;
+
+	if (z->newdir[0] != '/') {
+		sfs_freeze_msg(z, "'%.4000s' is not an absolute path: give the "
+			       "new layer's path from /", z->newdir);
+		return -EINVAL;
+	}
+	z->copy = strdup(z->newdir);
+	if (!z->copy)
+		return -ENOMEM;
+	/* a trailing slash names the same directory */
+	for (size_t l = strlen(z->copy); l > 1 && z->copy[l - 1] == '/'; l--)
+		z->copy[l - 1] = '\0';
+	slash = strrchr(z->copy, '/');
+	z->newbase = slash + 1;
+	if (!*z->newbase || !strcmp(z->newbase, ".") ||
+	    !strcmp(z->newbase, "..")) {
+		sfs_freeze_msg(z, "'%.4000s' does not name a new directory",
+			       z->newdir);
+		return -EINVAL;
+	}
+	*slash = '\0';
+	z->newparent = open(slash == z->copy ? "/" : z->copy,
+			    O_PATH | O_DIRECTORY | O_CLOEXEC);
+	if (z->newparent < 0) {
+		int ret = -errno;
+
+		sfs_freeze_msg(z, "the parent of '%.4000s': %s%s", z->newdir,
+			       strerror(-ret), ret == -ENOENT ?
+			       ": make it first" : "");
+		return ret;
+	}
+	if (fstatat(z->newparent, z->newbase, &st, AT_SYMLINK_NOFOLLOW) == 0) {
+		sfs_freeze_msg(z, "'%.4000s' exists: a freeze makes the layer's "
+			       "directory itself", z->newdir);
+		return -EEXIST;
+	}
+	if (errno != ENOENT) {
+		int ret = -errno;
+
+		sfs_freeze_msg(z, "'%.4000s': %s", z->newdir, strerror(errno));
+		return ret;
+	}
+	if (fstat(z->newparent, &st) < 0)
+		return -errno;
+	if (st.st_dev != sfs->upper.dev) {
+		sfs_freeze_msg(z, "'%.4000s' is on another filesystem than the "
+			       "upper '%.4000s': a freeze renames the upper, "
+			       "so the new layer must be on its filesystem",
+			       z->newdir, sfs->upper_real);
+		return -EXDEV;
+	}
+	return 0;
+}
+
+/* The upper's parent, checked to still hold the upper the daemon serves. */
+static int sfs_freeze_open_upper(struct sfs_freeze *z)
+{
+	char *parent = strdup(sfs->upper_real), *slash;
+	struct stat st;
+	int ret = 0;
+
+	if (!parent)
+		return -ENOMEM;
+	slash = strrchr(parent, '/');
+	*slash = '\0';
+	z->upbase = sfs->upper_real + (slash - parent) + 1;
+	z->upparent = open(slash == parent ? "/" : parent,
+			   O_PATH | O_DIRECTORY | O_CLOEXEC);
+	if (z->upparent < 0 || fstat(sfs->upper.fd, &z->upst) < 0 ||
+	    fstatat(z->upparent, z->upbase, &st, AT_SYMLINK_NOFOLLOW) < 0)
+		ret = -errno;
+	else if (st.st_dev != z->upst.st_dev || st.st_ino != z->upst.st_ino)
+		ret = -ESTALE;
+	if (ret < 0)
+		sfs_freeze_msg(z, "the upper '%.4000s' is not where it was: %s",
+			       sfs->upper_real, strerror(-ret));
+	free(parent);
+	return ret;
+}
+
+/* Everything a freeze needs that can fail, before the gate closes. */
+static int sfs_freeze_prepare(struct sfs_freeze *z)
+{
+	int ret;
+
+	if (!sfs_has_upper()) {
+		sfs_freeze_msg(z, "a read-only mount has no upper to freeze");
+		return -EROFS;
+	}
+	if (!sfs->upper_real || !sfs->upper_from_work) {
+		sfs_freeze_msg(z, "the upper's real path is not known");
+		return -EOPNOTSUPP;
+	}
+	if (sfs->nlower + 1 > SFS_MAX_LOWERS ||
+	    sfs->ntraps >= SFS_MAX_LOWERS + 2) {
+		sfs_freeze_msg(z, "the mount has %d lower layers already, and "
+			       "stratafs serves at most %d: freeze a copy, or "
+			       "flatten the layers", sfs->nlower,
+			       SFS_MAX_LOWERS);
+		return -E2BIG;
+	}
+	ret = sfs_freeze_check_newdir(z);
+	if (ret == 0)
+		ret = sfs_freeze_open_upper(z);
+	if (ret == 0)
+		ret = sfs_freeze_check_busy(z);
+	if (ret < 0)
+		return ret;
+	z->frozen = sfs->upper;
+	z->frozen.path = sfs_shm_strdup(z->newdir);
+	if (!z->frozen.path)
+		return -ENOMEM;
+	/* most dirty data goes now, while requests still flow */
+	if (syncfs(sfs->upper.fd) < 0) {
+		ret = -errno;
+		sfs_freeze_msg(z, "syncing the upper: %s", strerror(errno));
+		return ret;
+	}
+	return 0;
+}
+
+/*
+ * The new upper, as the old one was made: mode and owner. Opened through
+ * the workdir's mount, where copy-ups rename from (super.c).
+ */
+static int sfs_freeze_make_upper(struct sfs_freeze *z)
+{
+	struct stat st;
+	int ret;
+
+	if (mkdirat(z->upparent, z->upbase, 0700) < 0)
+		return -errno;
+	if (fchownat(z->upparent, z->upbase, z->upst.st_uid, z->upst.st_gid,
+		     AT_SYMLINK_NOFOLLOW) < 0 ||
+	    fchmodat(z->upparent, z->upbase, z->upst.st_mode & 07777, 0) < 0 ||
+	    fstatat(z->upparent, z->upbase, &st, AT_SYMLINK_NOFOLLOW) < 0)
+		goto out_errno;
+	z->newfd = openat(sfs->workfd, sfs->upper_from_work,
+			  O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (z->newfd < 0)
+		goto out_errno;
+	ret = fstat(z->newfd, &z->upst) < 0 ? -errno : 0;
+	if (ret == 0 && (z->upst.st_dev != st.st_dev ||
+			 z->upst.st_ino != st.st_ino))
+		ret = -ESTALE;	/* the workdir's way there leads elsewhere */
+	if (ret == 0) {
+		z->rootfd = dup(z->newfd);
+		if (z->rootfd < 0)
+			ret = -errno;
+	}
+	if (ret == 0)
+		return 0;
+	close(z->newfd);
+	z->newfd = -1;
+	unlinkat(z->upparent, z->upbase, AT_REMOVEDIR);
+	return ret;
+
+out_errno:
+	ret = -errno;
+	unlinkat(z->upparent, z->upbase, AT_REMOVEDIR);
+	return ret;
+}
+
+/* Inside the window: the layers and every node and handle, no I/O. */
+static void sfs_freeze_switch(struct sfs_freeze *z)
+{
+	struct sfs_node *root = sfs->root;
+
+	memmove(&sfs->lower[1], &sfs->lower[0],
+		sfs->nlower * sizeof(sfs->lower[0]));
+	sfs->lower[0] = z->frozen;
+	sfs->nlower++;
+	sfs->upper.fd = z->newfd;
+	sfs->traps[sfs->ntraps].dev = z->upst.st_dev;
+	sfs->traps[sfs->ntraps].ino = z->upst.st_ino;
+	sfs->ntraps++;
+	z->frozen.path = NULL;	/* the layer's now */
+	z->newfd = -1;
+
+	sfs_freeze_each(sfs_freeze_node, z);
+	sfs_freeze_files();
+	/* the root always has an upper entry: every copy-up starts there */
+	root->up = (struct sfs_entry){ z->rootfd, 0, NULL };
+	atomic_store(&root->has_upper, true);
+	atomic_fetch_add(&sfs->node_fds, 1);
+	z->rootfd = -1;
+}
+
+static long sfs_freeze_us(const struct timespec *a, const struct timespec *b)
+{
+	return (b->tv_sec - a->tv_sec) * 1000000L +
+	       (b->tv_nsec - a->tv_nsec) / 1000;
+}
+
+static int sfs_freeze(struct sfs_freeze *z)
+{
+	struct timespec closed, opened;
+	int ret, counted;
+
+	ret = sfs_freeze_prepare(z);
+	if (ret < 0)
+		return ret;
+	ret = sfs_gate_close(SFS_FREEZE_DRAIN_MS);
+	if (ret < 0) {
+		sfs_freeze_msg(z, "requests still in flight after %d ms: "
+			       "nothing was changed; try again",
+			       SFS_FREEZE_DRAIN_MS);
+		return ret;
+	}
+	clock_gettime(CLOCK_MONOTONIC, &closed);
+	ret = sfs_freeze_check_busy(z);
+	if (ret == 0) {
+		ret = sfs_freeze_alloc_grow(z);
+		if (ret < 0)
+			sfs_freeze_msg(z, "no memory for the nodes' layers");
+	}
+	if (ret < 0)
+		goto out_open;
+	if (renameat(z->upparent, z->upbase, z->newparent, z->newbase) < 0) {
+		ret = -errno;
+		sfs_freeze_msg(z, "renaming the upper '%.4000s' to '%.4000s': %s",
+			       sfs->upper_real, z->newdir, strerror(errno));
+		goto out_open;
+	}
+	ret = sfs_freeze_make_upper(z);
+	if (ret < 0) {
+		sfs_freeze_msg(z, "making the new upper '%.4000s': %s",
+			       sfs->upper_real, strerror(-ret));
+		if (renameat(z->newparent, z->newbase, z->upparent,
+			     z->upbase) < 0)
+			strata_err("freeze: renaming '%s' back to '%s': %s: the "
+				   "upper is at the new path now", z->newdir,
+				   sfs->upper_real, strerror(errno));
+		goto out_open;
+	}
+	/* what no request owns: none is in flight to finish it */
+	if (sfs_tmp_clear() < 0)
+		strata_warn("freeze: clearing the workdir's temporary entries");
+	sfs_freeze_switch(z);
+	counted = sfs_usage_recount();
+	if (counted < 0)
+		strata_warn("freeze: counting the new upper's usage: %s",
+			    strerror(-counted));
+out_open:
+	sfs_gate_open();
+	clock_gettime(CLOCK_MONOTONIC, &opened);
+	if (ret < 0)
+		return ret;
+	strata_info("freeze: the upper is layer %s now; requests waited "
+		    "%ld us", z->newdir, sfs_freeze_us(&closed, &opened));
+	/* the frozen layer changes no more: what the first sync left */
+	if (syncfs(sfs->lower[0].fd) < 0)
+		strata_warn("freeze: syncing %s: %s", z->newdir, strerror(errno));
+	return 0;
+}
+
+int sfs_freeze_verb(int argc, char **argv, char *out, size_t size)
+{
+	struct sfs_freeze z = {
+		.newdir = argv[0], .newparent = -1, .upparent = -1,
+		.newfd = -1, .rootfd = -1, .out = out, .size = size,
+	};
+	int ret = sfs_freeze(&z);
+
+	if (ret == 0)
+		snprintf(out, size, "layer=%s", z.newdir);
+	sfs_freeze_free_grow(&z);
+	sfs_shm_free(z.frozen.path);
+	if (z.newparent >= 0)
+		close(z.newparent);
+	if (z.upparent >= 0)
+		close(z.upparent);
+	free(z.copy);
+	return ret;
+}
+
+/*
+ * The layers' descriptors: a new worker keeps them (worker.c). The
+ * supervisor's own set has those it opened at the start, not the upper a
+ * freeze opened since.
+ */
+void sfs_freeze_fds(struct sfs_fdset *keep)
+{
+	sfs_fdset_add(keep, sfs->upper.fd);
+	for (int i = 0; i < sfs->nlower; i++)
+		sfs_fdset_add(keep, sfs->lower[i].fd);
+}

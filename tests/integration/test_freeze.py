@@ -1,0 +1,376 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Live freeze (fuse/freeze.c): `freeze NEWDIR` on the control channel makes
+the upper as it is a read-only layer at NEWDIR while the mount serves on, on
+a fresh upper at the old path.
+
+The oracle is the kernel's overlayfs: lowerdir=NEWDIR:<old lowers> under the
+new upper must show what stratafs shows, and so must stratafs mounted again
+from that layout."""
+
+import errno
+import os
+import shutil
+import signal
+import stat
+import threading
+import time
+
+import pytest
+
+from strata_common import control_call
+from stratatest import (Union, assert_same, run, snapshot_tree,
+                        snapshot_upper)
+from test_worker import worker_of
+
+LOWER = {
+    "keep": "lower keep\n",
+    "gone": "lower, deleted before the freeze\n",
+    "later": "lower, deleted after the freeze\n",
+    "dir/a": "a\n",
+    "dir/b": "b\n",
+    "opq/hidden": "hidden by an opaque dir\n",
+    "moved/inside": "in a dir renamed before the freeze\n",
+}
+
+
+def supervised():
+    return "nosupervisor" not in os.environ.get("STRATAFS_OPTS", "")
+
+
+def mount(factory, tmp_path, lowers=(LOWER,), **kw):
+    sock = str(tmp_path / "c.sock")
+    u = factory.make(list(lowers), extra_opts=[f"control={sock}"]
+                     + list(kw.pop("extra_opts", ())), **kw)
+    u.sock = sock
+    return u
+
+
+def freeze(u, newdir):
+    return control_call(u.sock, "freeze", str(newdir), timeout=60)
+
+
+def view(root):
+    return snapshot_tree(root, xattrs=False)
+
+
+def before_freeze(u):
+    """Changes of every kind in the upper: a whiteout, an opaque dir, a
+    renamed dir (redirect), a copied-up file, a new file and dir."""
+    os.unlink(u.path("gone"))
+    with open(u.path("dir/a"), "a") as f:
+        f.write("appended before\n")
+    os.makedirs(u.path("new/deep"))
+    with open(u.path("new/deep/f"), "w") as f:
+        f.write("new before\n")
+    shutil.rmtree(u.path("opq"))
+    os.mkdir(u.path("opq"))
+    with open(u.path("opq/fresh"), "w") as f:
+        f.write("fresh in an opaque dir\n")
+    os.rename(u.path("moved"), u.path("moved2"))
+    os.symlink("keep", u.path("link"))
+
+
+def after_freeze(u):
+    """Changes after the freeze: all must land in the new upper."""
+    with open(u.path("new/after"), "w") as f:
+        f.write("new after\n")
+    with open(u.path("new/deep/f"), "r+") as f:
+        f.truncate(3)
+    os.unlink(u.path("later"))
+    os.unlink(u.path("opq/fresh"))
+    os.rename(u.path("dir/b"), u.path("dir/b2"))
+    os.rename(u.path("moved2"), u.path("moved3"))
+    os.chmod(u.path("dir/a"), 0o600)
+    os.chmod(u.path("keep"), 0o640)
+    shutil.rmtree(u.path("new/deep"))
+    os.mkdir(u.path("new/deep"))
+
+
+def oracle(factory, u, layers, name):
+    """The kernel's overlayfs over LAYERS (top first) and u's upper: the
+    view it shows. Its own workdir: the daemon's is locked."""
+    work = os.path.join(u.base, f"kwork-{name}")
+    os.makedirs(work, exist_ok=True)
+    k = Union("kernel", u.base, list(layers), u.upper, work,
+              os.path.join(u.base, f"kmnt-{name}"))
+    factory.unions.append(k)
+    k.mount()
+    try:
+        return view(k.mnt)
+    finally:
+        k.unmount()
+
+
+def remount_frozen(factory, u, layers):
+    """stratafs again, from the frozen layout: same upper and workdir."""
+    r = Union("stratafs", u.base, list(layers), u.upper, u.work,
+              u.mnt, extra_opts=[f"control={u.sock}"])
+    factory.unions.append(r)
+    r.sock = u.sock
+    return r.mount()
+
+
+def test_freeze_content_and_later_writes(stratafs_only, tmp_path):
+    u = mount(stratafs_only, tmp_path)
+    before_freeze(u)
+    # a writer open across the freeze, written to but never synced
+    w = os.open(u.path("new/appended"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    os.write(w, b"unsynced before\n")
+    # and one on a file that was only in the lower
+    rw = os.open(u.path("keep"), os.O_RDWR)
+    # a reader of a file that will change
+    r = os.open(u.path("dir/a"), os.O_RDONLY)
+    upper_then = snapshot_upper(u.upper)
+    view_then = view(u.mnt)
+    upper_ino = os.stat(u.upper).st_ino
+    ino_then = os.stat(u.path("new/appended")).st_ino
+
+    frozen = tmp_path / "frozen"
+    assert freeze(u, frozen) == (0, f"layer={frozen}")
+    assert os.stat(frozen).st_ino == upper_ino
+    assert os.listdir(u.upper) == []
+    assert view(u.mnt) == view_then
+    assert snapshot_upper(str(frozen)) == upper_then
+
+    os.write(w, b"appended after\n")
+    os.write(rw, b"LOWER")
+    os.close(w)
+    os.close(rw)
+    assert os.pread(r, 100, 0) == b"a\nappended before\n"
+    after_freeze(u)
+    os.close(r)
+    # the frozen layer is exactly what the upper was
+    assert snapshot_upper(str(frozen)) == upper_then
+    with open(u.path("new/appended"), "rb") as f:
+        assert f.read() == b"unsynced before\nappended after\n"
+    with open(os.path.join(frozen, "new/appended"), "rb") as f:
+        assert f.read() == b"unsynced before\n"
+    with open(u.upath("keep"), "rb") as f:
+        assert f.read() == b"LOWER keep\n"
+    # the kernel keeps the inode numbers it was told of
+    assert os.stat(u.path("new/appended")).st_ino == ino_then
+    # later changes are in the new upper: whiteouts for what the frozen
+    # layer has
+    for wh in ("later", "opq/fresh"):
+        st = os.lstat(u.upath(wh))
+        assert stat.S_ISCHR(st.st_mode) and st.st_rdev == 0
+
+    merged = view(u.mnt)
+    layers = [str(frozen)] + u.lowers
+    u.unmount()
+    assert oracle(stratafs_only, u, layers, "1") == merged
+    r2 = remount_frozen(stratafs_only, u, layers)
+    assert view(r2.mnt) == merged
+
+
+def test_freeze_twice(stratafs_only, tmp_path):
+    u = mount(stratafs_only, tmp_path)
+    before_freeze(u)
+    f1, f2 = tmp_path / "f1", tmp_path / "f2"
+    assert freeze(u, f1)[0] == 0
+    after_freeze(u)
+    held = os.open(u.path("dir/a"), os.O_WRONLY | os.O_APPEND)
+    os.write(held, b"between\n")
+    upper_then = snapshot_upper(u.upper)
+    assert freeze(u, f2)[0] == 0
+    assert snapshot_upper(str(f2)) == upper_then
+    os.write(held, b"after the second\n")
+    os.close(held)
+    os.rename(u.path("new"), u.path("new2"))
+    with open(u.path("dir/c"), "w") as f:
+        f.write("c\n")
+    assert snapshot_upper(str(f2)) == upper_then
+    with open(u.path("dir/a")) as f:
+        assert f.read() == "a\nappended before\nbetween\nafter the second\n"
+    merged = view(u.mnt)
+    layers = [str(f2), str(f1)] + u.lowers
+    u.unmount()
+    assert oracle(stratafs_only, u, layers, "2") == merged
+    r2 = remount_frozen(stratafs_only, u, layers)
+    assert view(r2.mnt) == merged
+
+
+def test_writer_during_freeze_loses_nothing(stratafs_only, tmp_path):
+    u = mount(stratafs_only, tmp_path)
+    path = u.path("log")
+    stop = threading.Event()
+    errors = []
+    count = [0]
+
+    def writer():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        try:
+            while not stop.is_set():
+                os.write(fd, b"%08d\n" % count[0])
+                os.fsync(fd)
+                count[0] += 1
+        except OSError as e:
+            errors.append(e)
+        finally:
+            os.close(fd)
+
+    t = threading.Thread(target=writer)
+    t.start()
+    try:
+        while count[0] < 50:
+            time.sleep(0.01)
+        for i in range(3):
+            synced = count[0]
+            assert freeze(u, tmp_path / f"f{i}")[0] == 0
+            # what was fsync'd before the freeze is in the frozen layer
+            with open(tmp_path / f"f{i}" / "log", "rb") as f:
+                assert len(f.read()) >= 9 * synced
+            start = count[0]
+            while count[0] < start + 20:
+                time.sleep(0.01)
+    finally:
+        stop.set()
+        t.join()
+    assert errors == []
+    with open(path, "rb") as f:
+        assert f.read() == b"".join(b"%08d\n" % i for i in range(count[0]))
+
+
+@pytest.mark.skipif(not supervised(), reason="needs the supervisor")
+def test_replaced_worker_keeps_the_new_stack(stratafs_only, tmp_path):
+    u = mount(stratafs_only, tmp_path)
+    before_freeze(u)
+    held = os.open(u.path("dir/a"), os.O_WRONLY | os.O_APPEND)
+    old = worker_of(u)
+    assert freeze(u, tmp_path / "f1")[0] == 0
+    upper_then = snapshot_upper(str(tmp_path / "f1"))
+    os.kill(old, signal.SIGKILL)
+    new = worker_of(u, old)
+    assert new != old
+    # the handle opened before the freeze still writes, to the new upper
+    os.write(held, b"after the kill\n")
+    os.close(held)
+    after_freeze(u)
+    with open(u.path("after-kill"), "w") as f:
+        f.write("x\n")
+    assert snapshot_upper(str(tmp_path / "f1")) == upper_then
+    assert os.path.exists(u.upath("after-kill"))
+    assert control_call(u.sock, "ping")[1] == f"pong pid={new}"
+    # and it freezes again, over the stack it took over
+    assert freeze(u, tmp_path / "f2")[0] == 0
+    merged = view(u.mnt)
+    layers = [str(tmp_path / "f2"), str(tmp_path / "f1")] + u.lowers
+    u.unmount()
+    assert oracle(stratafs_only, u, layers, "k") == merged
+
+
+def unchanged(u, upper_ino, newdir=None):
+    """A refused freeze changed nothing: same upper, writes still there."""
+    assert os.stat(u.upper).st_ino == upper_ino
+    assert newdir is None or not os.path.lexists(newdir)
+    with open(u.path("probe"), "a") as f:
+        f.write("x")
+    assert os.path.exists(u.upath("probe"))
+
+
+def test_refusals_change_nothing(stratafs_only, tmp_path):
+    u = mount(stratafs_only, tmp_path)
+    upper_ino = os.stat(u.upper).st_ino
+    before_freeze(u)
+    view_then = view(u.mnt)
+
+    status, text = freeze(u, "relative/dir")
+    assert status == -errno.EINVAL and "not an absolute path" in text
+    unchanged(u, upper_ino, "relative/dir")
+
+    exists = tmp_path / "exists"
+    exists.mkdir()
+    status, text = freeze(u, exists)
+    assert status == -errno.EEXIST and str(exists) in text
+    assert os.listdir(exists) == []
+    unchanged(u, upper_ino)
+
+    missing = tmp_path / "no" / "such"
+    status, text = freeze(u, missing)
+    assert status == -errno.ENOENT and "parent" in text
+    unchanged(u, upper_ino, missing)
+
+    other = stratafs_only.mount_tmpfs("tmpfs")
+    status, text = freeze(u, os.path.join(other, "f"))
+    assert status == -errno.EXDEV and "another filesystem" in text
+    unchanged(u, upper_ino, os.path.join(other, "f"))
+
+    # inside the mount: another filesystem too, and no deadlock
+    status, text = freeze(u, u.path("inside"))
+    assert status == -errno.EXDEV
+    unchanged(u, upper_ino, u.upath("inside"))
+
+    status, text = freeze(u, "/")
+    assert status == -errno.EINVAL
+    status, text = control_call(u.sock, "freeze")
+    assert status == -errno.EINVAL and "takes 1 to 1 arguments" in text
+
+    # the hard-link index refers to upper files
+    junk = os.path.join(u.work, "index", "junk")
+    with open(junk, "w"):
+        pass
+    status, text = freeze(u, tmp_path / "f")
+    assert status == -errno.EBUSY and "index" in text
+    unchanged(u, upper_ino, tmp_path / "f")
+    os.unlink(junk)
+
+    os.unlink(u.path("probe"))
+    assert view(u.mnt) == view_then
+    assert freeze(u, tmp_path / "f")[0] == 0
+
+
+def test_layer_limit(stratafs_only, tmp_path):
+    # stratafs serves at most 128 lower layers (SFS_MAX_LOWERS)
+    lowers = [{f"l{i}": f"{i}\n"} for i in range(127)]
+    u = mount(stratafs_only, tmp_path, lowers=lowers)
+    upper_ino = os.stat(u.upper).st_ino
+    with open(u.path("l5"), "a") as f:
+        f.write("changed\n")
+    assert freeze(u, tmp_path / "f1")[0] == 0
+    status, text = freeze(u, tmp_path / "f2")
+    assert status == -errno.E2BIG and "128" in text
+    assert not os.path.exists(tmp_path / "f2")
+    assert os.stat(tmp_path / "f1").st_ino == upper_ino
+    with open(u.path("l5")) as f:
+        assert f.read() == "5\nchanged\n"
+
+
+def test_read_only_mount_refused(stratafs_only, tmp_path):
+    sock = str(tmp_path / "c.sock")
+    u = stratafs_only.make([LOWER], readonly=True,
+                           extra_opts=[f"control={sock}"])
+    u.sock = sock
+    status, text = freeze(u, tmp_path / "f")
+    assert status == -errno.EROFS and "read-only" in text
+
+
+def test_passthrough_writer_refused(stratafs_only, tmp_path):
+    u = mount(stratafs_only, tmp_path, extra_opts=["passthrough"])
+    if "passthrough: the kernel reads and writes" not in u.stderr():
+        pytest.skip("passthrough is not in effect here")
+    upper_ino = os.stat(u.upper).st_ino
+    with open(u.path("pt"), "w") as f:
+        f.write("x")
+    fd = os.open(u.path("pt"), os.O_WRONLY)
+    try:
+        status, text = freeze(u, tmp_path / "f")
+        assert status == -errno.EBUSY and "passthrough" in text
+        unchanged(u, upper_ino, tmp_path / "f")
+    finally:
+        os.close(fd)
+    # a reader's backing file is the upper one too, and a writer opened
+    # after the freeze would be given it
+    r = os.open(u.path("pt"), os.O_RDONLY)
+    try:
+        status, text = freeze(u, tmp_path / "f")
+        assert status == -errno.EBUSY and "(0 for writing)" in text
+        unchanged(u, upper_ino, tmp_path / "f")
+    finally:
+        os.close(r)
+    assert freeze(u, tmp_path / "f")[0] == 0
+    with open(u.path("pt"), "a") as f:
+        f.write("y")
+    with open(tmp_path / "f" / "pt") as f:
+        assert f.read() == "x"
+    with open(u.path("pt")) as f:
+        assert f.read() == "xy"
