@@ -80,7 +80,8 @@ struct sfs_freeze {
 	int newfd;		/* the new upper, through the workdir's mount */
 	int rootfd;		/* the root node's own descriptor on it */
 	struct sfs_freeze_grow *grow;
-	size_t ngrow;
+	size_t ngrow, grow_cap, grow_next;
+	bool grow_failed;
 	char *out;		/* the error's message goes here */
 	size_t size;
 };
@@ -115,20 +116,27 @@ static int sfs_freeze_count(struct sfs_node *n)
 	return n->nlower + 1;
 }
 
-static void sfs_freeze_count_grow(struct sfs_node *n, void *arg)
-{
-	size_t *count = arg;
-
-	if (sfs_freeze_count(n) > n->lower_room)
-		(*count)++;
-}
-
 static void sfs_freeze_list_grow(struct sfs_node *n, void *arg)
 {
 	struct sfs_freeze *z = arg;
+	struct sfs_freeze_grow *g;
 
-	if (sfs_freeze_count(n) > n->lower_room)
-		z->grow[z->ngrow++].node = n;
+	if (sfs_freeze_count(n) <= n->lower_room || z->grow_failed)
+		return;
+	if (z->ngrow == z->grow_cap) {
+		z->grow_cap = z->grow_cap ? z->grow_cap * 2 : 16;
+		g = realloc(z->grow, z->grow_cap * sizeof(*g));
+		if (!g) {
+			z->grow_failed = true;
+			return;
+		}
+		z->grow = g;
+	}
+	z->grow[z->ngrow].node = n;
+	z->grow[z->ngrow].lower = sfs_shm_alloc(sfs_freeze_count(n) *
+						sizeof(struct sfs_entry));
+	if (!z->grow[z->ngrow++].lower)
+		z->grow_failed = true;
 }
 
 static void sfs_freeze_free_grow(struct sfs_freeze *z)
@@ -137,7 +145,7 @@ static void sfs_freeze_free_grow(struct sfs_freeze *z)
 		sfs_shm_free(z->grow[i].lower);
 	free(z->grow);
 	z->grow = NULL;
-	z->ngrow = 0;
+	z->ngrow = z->grow_cap = 0;
 }
 
 /*
@@ -147,24 +155,11 @@ static void sfs_freeze_free_grow(struct sfs_freeze *z)
  */
 static int sfs_freeze_alloc_grow(struct sfs_freeze *z)
 {
-	size_t count = 0;
-
-	sfs_freeze_each(sfs_freeze_count_grow, &count);
-	z->grow = calloc(count ? count : 1, sizeof(*z->grow));
-	if (!z->grow)
-		return -ENOMEM;
 	sfs_freeze_each(sfs_freeze_list_grow, z);
-	for (size_t i = 0; i < z->ngrow; i++) {
-		struct sfs_node *n = z->grow[i].node;
-
-		z->grow[i].lower = sfs_shm_alloc(sfs_freeze_count(n) *
-						 sizeof(struct sfs_entry));
-		if (!z->grow[i].lower) {
-			sfs_freeze_free_grow(z);
-			return -ENOMEM;
-		}
-	}
-	return 0;
+	if (!z->grow_failed)
+		return 0;
+	sfs_freeze_free_grow(z);
+	return -ENOMEM;
 }
 
 /* An entry the node lets go of: its descriptor, unless parked, and handle. */
@@ -177,17 +172,21 @@ static void sfs_freeze_drop_entry(struct sfs_node *n, struct sfs_entry *e)
 	sfs_shm_free(e->fh);
 }
 
+/*
+ * The array the node's entries go in. The walk meets nodes in the order
+ * sfs_freeze_alloc_grow's did (nothing changes the table in between):
+ * those that grow come up in the list's order.
+ */
 static struct sfs_entry *sfs_freeze_array(struct sfs_freeze *z,
 					  struct sfs_node *n)
 {
-	for (size_t i = 0; i < z->ngrow; i++)
-		if (z->grow[i].node == n) {
-			struct sfs_entry *a = z->grow[i].lower;
+	struct sfs_entry *a;
 
-			z->grow[i].lower = NULL;	/* the node's now */
-			return a;
-		}
-	return n->lower;
+	if (z->grow_next == z->ngrow || z->grow[z->grow_next].node != n)
+		return n->lower;
+	a = z->grow[z->grow_next].lower;
+	z->grow[z->grow_next++].lower = NULL;	/* the node's now */
+	return a;
 }
 
 /* The node as the frozen stack shows it; see the top of the file. */

@@ -374,3 +374,60 @@ def test_passthrough_writer_refused(stratafs_only, tmp_path):
         assert f.read() == "x"
     with open(u.path("pt")) as f:
         assert f.read() == "xy"
+
+
+def churn(root, seed, stop, errors, done):
+    """Metadata and data operations in a directory of its own, until
+    STOP: each succeeds or the test fails."""
+    n = 0
+    try:
+        os.makedirs(root, exist_ok=True)
+        while not stop.is_set() or n < 40:
+            name = os.path.join(root, f"f{n % 7}")
+            with open(name, "ab") as f:
+                f.write(b"%d:%d\n" % (seed, n))
+            os.stat(name)
+            os.listdir(root)
+            if n % 3 == 0:
+                os.rename(name, os.path.join(root, f"r{n % 5}"))
+            if n % 4 == 0:
+                os.makedirs(os.path.join(root, f"d{n % 3}"), exist_ok=True)
+            if n % 5 == 0:
+                for e in os.listdir(root):
+                    if e.startswith("r") and (n // 5) % 2:
+                        os.unlink(os.path.join(root, e))
+            with open(os.path.join(root, "log"), "ab") as f:
+                f.write(b"%d\n" % n)
+                os.fsync(f.fileno())
+            n += 1
+    except OSError as e:
+        errors.append(e)
+    done.append((seed, n))
+
+
+def test_freezes_under_load(stratafs_only, tmp_path):
+    u = mount(stratafs_only, tmp_path)
+    stop = threading.Event()
+    errors, done = [], []
+    threads = [threading.Thread(target=churn,
+                                args=(u.path(f"t{i}"), i, stop, errors, done))
+               for i in range(4)]
+    for t in threads:
+        t.start()
+    layers = []
+    try:
+        for i in range(5):
+            time.sleep(0.05)
+            layers.insert(0, str(tmp_path / f"f{i}"))
+            assert freeze(u, layers[0])[0] == 0
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert errors == []
+    for seed, n in done:
+        with open(u.path(f"t{seed}", "log"), "rb") as f:
+            assert f.read() == b"".join(b"%d\n" % i for i in range(n))
+    merged = view(u.mnt)
+    u.unmount()
+    assert oracle(stratafs_only, u, layers + u.lowers, "load") == merged
