@@ -253,8 +253,18 @@ def test_replaced_worker_keeps_the_new_stack(stratafs_only, tmp_path):
     assert control_call(u.sock, "ping")[1] == f"pong pid={new}"
     # and it freezes again, over the stack it took over
     assert freeze(u, tmp_path / "f2")[0] == 0
+    # an upgrade in place (the supervisor execs itself) takes it over too
+    os.kill(u.pid, signal.SIGHUP)
+    newer = worker_of(u, new)
+    with open(u.path("after-upgrade"), "w") as f:
+        f.write("y\n")
+    assert os.path.exists(u.upath("after-upgrade"))
+    assert not os.path.exists(tmp_path / "f2" / "after-upgrade")
+    assert control_call(u.sock, "ping")[1] == f"pong pid={newer}"
+    assert freeze(u, tmp_path / "f3")[0] == 0
+    assert "upgrade: serving the mount on, from this binary" in u.stderr()
     merged = view(u.mnt)
-    layers = [str(tmp_path / "f2"), str(tmp_path / "f1")] + u.lowers
+    layers = [str(tmp_path / f) for f in ("f3", "f2", "f1")] + u.lowers
     u.unmount()
     assert oracle(stratafs_only, u, layers, "k") == merged
 
@@ -416,8 +426,8 @@ def test_freezes_under_load(stratafs_only, tmp_path):
         t.start()
     layers = []
     try:
-        for i in range(5):
-            time.sleep(0.05)
+        for i in range(10):
+            time.sleep(0.02)
             layers.insert(0, str(tmp_path / f"f{i}"))
             assert freeze(u, layers[0])[0] == 0
     finally:
