@@ -59,8 +59,11 @@
 
 #include "stratafs.h"
 
-/* how long requests in flight may take to finish before giving up */
-#define SFS_FREEZE_DRAIN_MS 10000
+/*
+ * How long requests in flight may take to finish (a big copy-up) before
+ * the freeze gives up; new ones wait meanwhile, so not long.
+ */
+#define SFS_FREEZE_DRAIN_MS 5000
 
 /* A node whose entries outgrow its own room, and the array it gets. */
 struct sfs_freeze_grow {
@@ -233,17 +236,37 @@ static void sfs_freeze_node(struct sfs_node *n, void *arg)
 	}
 }
 
-/* Open handles: those on upper files follow a copy-up from now on. */
+/*
+ * Open handles, before the nodes change. Those on upper files stay on
+ * them, frozen now, and follow the next copy-up (file.c). A reader still
+ * on the lower file that a copy-up replaced would read past the copy it
+ * has not followed yet: it moves to the copy now. Nothing reads through
+ * a handle meanwhile (gate.c), so what it leaves is closed at once.
+ */
 static void sfs_freeze_files(void)
 {
 	pthread_mutex_lock(&sfs->handles_lock);
 	for (struct sfs_hlink *h = sfs->files.next; h != &sfs->files;
 	     h = h->next) {
 		struct sfs_file *f = (struct sfs_file *)h;
+		struct sfs_node *n = f->node;
 
-		if (!atomic_load(&f->upper) || sfs_freeze_nameless(f->node))
+		if (!atomic_load(&n->has_upper) || sfs_freeze_nameless(n))
 			continue;
-		/* nobody reads through it now (gate.c): one fd to swap again */
+		if (!atomic_load(&f->upper)) {
+			/* the node is open, so never parked: up.fd is valid */
+			int fd = sfs_reopen(n->up.fd,
+					    O_RDONLY | (f->flags & O_DIRECT));
+
+			if (fd < 0) {
+				strata_warn("freeze: a reader of %s stays on "
+					    "the lower file: %s", n->name,
+					    strerror(-fd));
+				continue;
+			}
+			close(f->fd);
+			f->fd = fd;
+		}
 		if (f->oldfd >= 0)
 			close(f->oldfd);
 		f->oldfd = -1;
@@ -514,8 +537,8 @@ static void sfs_freeze_switch(struct sfs_freeze *z)
 	z->frozen.path = NULL;	/* the layer's now */
 	z->newfd = -1;
 
-	sfs_freeze_each(sfs_freeze_node, z);
 	sfs_freeze_files();
+	sfs_freeze_each(sfs_freeze_node, z);
 	/* the root always has an upper entry: every copy-up starts there */
 	root->up = (struct sfs_entry){ z->rootfd, 0, NULL };
 	atomic_store(&root->has_upper, true);

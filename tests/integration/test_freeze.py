@@ -163,6 +163,23 @@ def test_freeze_content_and_later_writes(stratafs_only, tmp_path):
     assert view(r2.mnt) == merged
 
 
+def test_reader_of_a_replaced_lower_file(stratafs_only, tmp_path):
+    # a reader opened on the lower file, which another handle then copied
+    # up and changed, reads the change after the freeze, as before it
+    u = mount(stratafs_only, tmp_path)
+    r = os.open(u.path("keep"), os.O_RDONLY)
+    with open(u.path("keep"), "r+") as f:
+        f.write("UPPER")
+    assert freeze(u, tmp_path / "f")[0] == 0
+    assert os.pread(r, 100, 0) == b"UPPER keep\n"
+    with open(u.path("keep"), "a") as f:
+        f.write("more\n")
+    assert os.pread(r, 100, 0) == b"UPPER keep\nmore\n"
+    os.close(r)
+    with open(tmp_path / "f" / "keep", "rb") as f:
+        assert f.read() == b"UPPER keep\n"
+
+
 def test_freeze_twice(stratafs_only, tmp_path):
     u = mount(stratafs_only, tmp_path)
     before_freeze(u)
