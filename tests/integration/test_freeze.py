@@ -20,6 +20,7 @@ import pytest
 from strata_common import control_call
 from stratatest import (Union, assert_same, run, snapshot_tree,
                         snapshot_upper)
+from test_tmpfile import name_it
 from test_worker import worker_of
 
 LOWER = {
@@ -199,6 +200,35 @@ def test_reader_of_a_replaced_lower_file(stratafs_only, tmp_path):
     os.close(r)
     with open(tmp_path / "f" / "keep", "rb") as f:
         assert f.read() == b"UPPER keep\n"
+
+
+@holds_handles
+def test_nameless_files_stay_out(stratafs_only, tmp_path):
+    # an unlinked file still open, and an O_TMPFILE not linked yet, are
+    # in no layer: the freeze leaves them be, and they work on
+    u = mount(stratafs_only, tmp_path)
+    gone = os.open(u.path("unlinked"), os.O_RDWR | os.O_CREAT)
+    os.write(gone, b"before\n")
+    os.unlink(u.path("unlinked"))
+    tmp = os.open(u.path("dir"), os.O_TMPFILE | os.O_RDWR, 0o644)
+    os.write(tmp, b"tmp before\n")
+    assert freeze(u, tmp_path / "f")[0] == 0
+    os.write(gone, b"after\n")
+    assert os.pread(gone, 100, 0) == b"before\nafter\n"
+    os.write(tmp, b"tmp after\n")
+    name_it(tmp, u.path("dir/linked"))
+    os.close(gone)
+    os.close(tmp)
+    with open(u.path("dir/linked"), "rb") as f:
+        assert f.read() == b"tmp before\ntmp after\n"
+    # the O_TMPFILE copied its directory up: all the frozen layer holds
+    assert os.listdir(tmp_path / "f") == ["dir"]
+    assert os.listdir(tmp_path / "f" / "dir") == []
+    assert os.path.exists(u.upath("dir/linked"))
+    merged = view(u.mnt)
+    layers = [str(tmp_path / "f")] + u.lowers
+    u.unmount()
+    assert oracle(stratafs_only, u, layers, "n") == merged
 
 
 @holds_handles
