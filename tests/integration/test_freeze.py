@@ -146,11 +146,20 @@ def test_freeze_content_and_later_writes(stratafs_only, tmp_path):
     upper_ino = os.stat(u.upper).st_ino
     ino_then = os.stat(u.path("new/appended")).st_ino
 
+    inos_then = snapshot_tree(u.mnt, xattrs=False, ino=True)
     frozen = tmp_path / "frozen"
     assert freeze(u, frozen) == (0, f"layer={frozen}")
     assert os.stat(frozen).st_ino == upper_ino
     assert os.listdir(u.upper) == []
     assert view(u.mnt) == view_then
+    # inode numbers stay, also for names looked up again from the frozen
+    # layer (copied-up files keep their lower number there)
+    assert snapshot_tree(u.mnt, xattrs=False, ino=True) == inos_then
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("2")
+    assert snapshot_tree(u.mnt, xattrs=False, ino=True) == inos_then
+    for e in os.scandir(u.path("dir")):
+        assert e.inode() == os.stat(e.path).st_ino
     assert snapshot_upper(str(frozen)) == upper_then
 
     os.write(w, b"appended after\n")
