@@ -5,8 +5,9 @@
  * upper as it is now a read-only layer at NEWDIR, and the mount goes on
  * on a fresh, empty upper at the old path:
  *
- *  1. syncfs on the upper, while requests still flow, so that little is
- *     left to write back later;
+ *  1. syncfs on the mount (what shared mappings wrote comes here) and on
+ *     the upper, while requests still flow, so that little is left to
+ *     write back later;
  *  2. the gate closes (gate.c): new requests wait, and those in flight
  *     finish, their replies sent;
  *  3. the upper directory is renamed to NEWDIR (a rename keeps every
@@ -54,6 +55,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -438,6 +440,35 @@ static int sfs_freeze_open_upper(struct sfs_freeze *z)
 	return ret;
 }
 
+#define SFS_FUSE_SUPER_MAGIC 0x65735546
+
+/*
+ * What programs wrote through a shared mapping is in the kernel's page
+ * cache of the mount until written back, through this daemon: a syncfs
+ * of the mount sends it here while requests still flow, so that it is
+ * in the upper before the freeze. Found by the mountpoint's path, and
+ * checked to be this mount (a FUSE root with our root's number); a
+ * daemon given only a /dev/fuse descriptor does not know where it is.
+ */
+static void sfs_freeze_sync_mount(void)
+{
+	const char *mnt = sfs->params.mountpoint;
+	struct statfs sfst;
+	struct stat st;
+	int fd;
+
+	if (!mnt || mnt[0] != '/' || !strncmp(mnt, "/dev/fd/", 8))
+		return;
+	fd = open(mnt, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0)
+		return;
+	if (fstatfs(fd, &sfst) == 0 && sfst.f_type == SFS_FUSE_SUPER_MAGIC &&
+	    fstat(fd, &st) == 0 && st.st_ino == sfs->root->ino &&
+	    syncfs(fd) < 0)
+		strata_warn("freeze: syncing the mount: %s", strerror(errno));
+	close(fd);
+}
+
 /* Everything a freeze needs that can fail, before the gate closes. */
 static int sfs_freeze_prepare(struct sfs_freeze *z)
 {
@@ -471,6 +502,7 @@ static int sfs_freeze_prepare(struct sfs_freeze *z)
 	if (!z->frozen.path)
 		return -ENOMEM;
 	/* most dirty data goes now, while requests still flow */
+	sfs_freeze_sync_mount();
 	if (syncfs(sfs->upper.fd) < 0) {
 		ret = -errno;
 		sfs_freeze_msg(z, "syncing the upper: %s", strerror(errno));

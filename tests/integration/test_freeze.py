@@ -8,6 +8,7 @@ new upper must show what stratafs shows, and so must stratafs mounted again
 from that layout."""
 
 import errno
+import mmap
 import os
 import shutil
 import signal
@@ -238,6 +239,25 @@ def test_nameless_files_stay_out(stratafs_only, tmp_path):
     layers = [str(tmp_path / "f")] + u.lowers
     u.unmount()
     assert oracle(stratafs_only, u, layers, "n") == merged
+
+
+@holds_handles
+def test_mapped_writes_are_in_the_frozen_layer(stratafs_only, tmp_path):
+    # written through a shared mapping, never synced: in the kernel's
+    # page cache of the mount until the freeze asks for it
+    u = mount(stratafs_only, tmp_path)
+    with open(u.path("mapped"), "wb") as f:
+        f.write(b"." * 4096)
+    fd = os.open(u.path("mapped"), os.O_RDWR)
+    m = mmap.mmap(fd, 4096)
+    m[0:6] = b"mapped"
+    try:
+        assert freeze(u, tmp_path / "f")[0] == 0
+        with open(tmp_path / "f" / "mapped", "rb") as f:
+            assert f.read(6) == b"mapped"
+    finally:
+        m.close()
+        os.close(fd)
 
 
 @holds_handles
