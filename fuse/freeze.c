@@ -121,12 +121,27 @@ static int sfs_freeze_count(struct sfs_node *n)
 	return n->nlower + 1;
 }
 
+/*
+ * How many entries the node's array holds: its own room, or for one a
+ * freeze gave it, exactly the entries it has (only a freeze sets them).
+ */
+static int sfs_freeze_room(struct sfs_node *n)
+{
+	return n->lower == sfs_node_inline_lower(n) ? n->lower_room :
+						      n->nlower;
+}
+
+static bool sfs_freeze_grows(struct sfs_node *n)
+{
+	return sfs_freeze_count(n) > sfs_freeze_room(n);
+}
+
 static void sfs_freeze_list_grow(struct sfs_node *n, void *arg)
 {
 	struct sfs_freeze *z = arg;
 	struct sfs_freeze_grow *g;
 
-	if (sfs_freeze_count(n) <= n->lower_room || z->grow_failed)
+	if (!sfs_freeze_grows(n) || z->grow_failed)
 		return;
 	if (z->ngrow == z->grow_cap) {
 		z->grow_cap = z->grow_cap ? z->grow_cap * 2 : 16;
@@ -187,8 +202,11 @@ static struct sfs_entry *sfs_freeze_array(struct sfs_freeze *z,
 {
 	struct sfs_entry *a;
 
-	if (z->grow_next == z->ngrow || z->grow[z->grow_next].node != n)
+	if (!sfs_freeze_grows(n))
 		return n->lower;
+	/* listed, by the same test on the same node: a miss is a bug */
+	if (z->grow_next == z->ngrow || z->grow[z->grow_next].node != n)
+		abort();
 	a = z->grow[z->grow_next].lower;
 	z->grow[z->grow_next++].lower = NULL;	/* the node's now */
 	return a;

@@ -288,6 +288,30 @@ def test_freeze_twice(stratafs_only, tmp_path):
     assert view(r2.mnt) == merged
 
 
+def test_directories_frozen_over_and_over(stratafs_only, tmp_path):
+    # directories whose layers outgrow their node's own room, some
+    # changed between freezes and some not, over three freezes
+    u = mount(stratafs_only, tmp_path)
+    idle = [f"idle{i}" for i in range(8)]
+    busy = [f"busy{i}" for i in range(8)]
+    for d in idle + busy:
+        os.mkdir(u.path(d))
+        with open(u.path(d, "x"), "w") as f:
+            f.write("x\n")
+    layers = []
+    for i in range(3):
+        layers.insert(0, str(tmp_path / f"f{i}"))
+        assert freeze(u, layers[0])[0] == 0
+        for d in busy + (idle if i == 0 else []):
+            with open(u.path(d, f"y{i}"), "w") as f:
+                f.write(f"{i}\n")
+    for d in idle + busy:
+        assert "x" in os.listdir(u.path(d))
+    merged = view(u.mnt)
+    u.unmount()
+    assert oracle(stratafs_only, u, layers + u.lowers, "dirs") == merged
+
+
 @holds_handles
 def test_writer_during_freeze_loses_nothing(stratafs_only, tmp_path):
     u = mount(stratafs_only, tmp_path)
