@@ -5,8 +5,9 @@
  * upper as it is now a read-only layer at NEWDIR, and the mount goes on
  * on a fresh, empty upper at the old path:
  *
- *  1. syncfs on the upper, while requests still flow, so that little is
- *     left to write back later;
+ *  1. syncfs on the mount (what shared mappings wrote comes here) and on
+ *     the upper, while requests still flow, so that little is left to
+ *     write back later;
  *  2. the gate closes (gate.c): new requests wait, and those in flight
  *     finish, their replies sent;
  *  3. the upper directory is renamed to NEWDIR (a rename keeps every
@@ -54,13 +55,17 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "stratafs.h"
 
-/* how long requests in flight may take to finish before giving up */
-#define SFS_FREEZE_DRAIN_MS 10000
+/*
+ * How long requests in flight may take to finish (a big copy-up) before
+ * the freeze gives up; new ones wait meanwhile, so not long.
+ */
+#define SFS_FREEZE_DRAIN_MS 5000
 
 /* A node whose entries outgrow its own room, and the array it gets. */
 struct sfs_freeze_grow {
@@ -80,7 +85,8 @@ struct sfs_freeze {
 	int newfd;		/* the new upper, through the workdir's mount */
 	int rootfd;		/* the root node's own descriptor on it */
 	struct sfs_freeze_grow *grow;
-	size_t ngrow;
+	size_t ngrow, grow_cap, grow_next;
+	bool grow_failed;
 	char *out;		/* the error's message goes here */
 	size_t size;
 };
@@ -115,20 +121,42 @@ static int sfs_freeze_count(struct sfs_node *n)
 	return n->nlower + 1;
 }
 
-static void sfs_freeze_count_grow(struct sfs_node *n, void *arg)
+/*
+ * How many entries the node's array holds: its own room, or for one a
+ * freeze gave it, exactly the entries it has (only a freeze sets them).
+ */
+static int sfs_freeze_room(struct sfs_node *n)
 {
-	size_t *count = arg;
+	return n->lower == sfs_node_inline_lower(n) ? n->lower_room :
+						      n->nlower;
+}
 
-	if (sfs_freeze_count(n) > n->lower_room)
-		(*count)++;
+static bool sfs_freeze_grows(struct sfs_node *n)
+{
+	return sfs_freeze_count(n) > sfs_freeze_room(n);
 }
 
 static void sfs_freeze_list_grow(struct sfs_node *n, void *arg)
 {
 	struct sfs_freeze *z = arg;
+	struct sfs_freeze_grow *g;
 
-	if (sfs_freeze_count(n) > n->lower_room)
-		z->grow[z->ngrow++].node = n;
+	if (!sfs_freeze_grows(n) || z->grow_failed)
+		return;
+	if (z->ngrow == z->grow_cap) {
+		z->grow_cap = z->grow_cap ? z->grow_cap * 2 : 16;
+		g = realloc(z->grow, z->grow_cap * sizeof(*g));
+		if (!g) {
+			z->grow_failed = true;
+			return;
+		}
+		z->grow = g;
+	}
+	z->grow[z->ngrow].node = n;
+	z->grow[z->ngrow].lower = sfs_shm_alloc(sfs_freeze_count(n) *
+						sizeof(struct sfs_entry));
+	if (!z->grow[z->ngrow++].lower)
+		z->grow_failed = true;
 }
 
 static void sfs_freeze_free_grow(struct sfs_freeze *z)
@@ -137,7 +165,7 @@ static void sfs_freeze_free_grow(struct sfs_freeze *z)
 		sfs_shm_free(z->grow[i].lower);
 	free(z->grow);
 	z->grow = NULL;
-	z->ngrow = 0;
+	z->ngrow = z->grow_cap = 0;
 }
 
 /*
@@ -147,24 +175,11 @@ static void sfs_freeze_free_grow(struct sfs_freeze *z)
  */
 static int sfs_freeze_alloc_grow(struct sfs_freeze *z)
 {
-	size_t count = 0;
-
-	sfs_freeze_each(sfs_freeze_count_grow, &count);
-	z->grow = calloc(count ? count : 1, sizeof(*z->grow));
-	if (!z->grow)
-		return -ENOMEM;
 	sfs_freeze_each(sfs_freeze_list_grow, z);
-	for (size_t i = 0; i < z->ngrow; i++) {
-		struct sfs_node *n = z->grow[i].node;
-
-		z->grow[i].lower = sfs_shm_alloc(sfs_freeze_count(n) *
-						 sizeof(struct sfs_entry));
-		if (!z->grow[i].lower) {
-			sfs_freeze_free_grow(z);
-			return -ENOMEM;
-		}
-	}
-	return 0;
+	if (!z->grow_failed)
+		return 0;
+	sfs_freeze_free_grow(z);
+	return -ENOMEM;
 }
 
 /* An entry the node lets go of: its descriptor, unless parked, and handle. */
@@ -177,17 +192,24 @@ static void sfs_freeze_drop_entry(struct sfs_node *n, struct sfs_entry *e)
 	sfs_shm_free(e->fh);
 }
 
+/*
+ * The array the node's entries go in. The walk meets nodes in the order
+ * sfs_freeze_alloc_grow's did (nothing changes the table in between):
+ * those that grow come up in the list's order.
+ */
 static struct sfs_entry *sfs_freeze_array(struct sfs_freeze *z,
 					  struct sfs_node *n)
 {
-	for (size_t i = 0; i < z->ngrow; i++)
-		if (z->grow[i].node == n) {
-			struct sfs_entry *a = z->grow[i].lower;
+	struct sfs_entry *a;
 
-			z->grow[i].lower = NULL;	/* the node's now */
-			return a;
-		}
-	return n->lower;
+	if (!sfs_freeze_grows(n))
+		return n->lower;
+	/* listed, by the same test on the same node: a miss is a bug */
+	if (z->grow_next == z->ngrow || z->grow[z->grow_next].node != n)
+		abort();
+	a = z->grow[z->grow_next].lower;
+	z->grow[z->grow_next++].lower = NULL;	/* the node's now */
+	return a;
 }
 
 /* The node as the frozen stack shows it; see the top of the file. */
@@ -235,17 +257,37 @@ static void sfs_freeze_node(struct sfs_node *n, void *arg)
 	}
 }
 
-/* Open handles: those on upper files follow a copy-up from now on. */
+/*
+ * Open handles, before the nodes change. Those on upper files stay on
+ * them, frozen now, and follow the next copy-up (file.c). A reader still
+ * on the lower file that a copy-up replaced would read past the copy it
+ * has not followed yet: it moves to the copy now. Nothing reads through
+ * a handle meanwhile (gate.c), so what it leaves is closed at once.
+ */
 static void sfs_freeze_files(void)
 {
 	pthread_mutex_lock(&sfs->handles_lock);
 	for (struct sfs_hlink *h = sfs->files.next; h != &sfs->files;
 	     h = h->next) {
 		struct sfs_file *f = (struct sfs_file *)h;
+		struct sfs_node *n = f->node;
 
-		if (!atomic_load(&f->upper) || sfs_freeze_nameless(f->node))
+		if (!atomic_load(&n->has_upper) || sfs_freeze_nameless(n))
 			continue;
-		/* nobody reads through it now (gate.c): one fd to swap again */
+		if (!atomic_load(&f->upper)) {
+			/* the node is open, so never parked: up.fd is valid */
+			int fd = sfs_reopen(n->up.fd,
+					    O_RDONLY | (f->flags & O_DIRECT));
+
+			if (fd < 0) {
+				strata_warn("freeze: a reader of %s stays on "
+					    "the lower file: %s", n->name,
+					    strerror(-fd));
+				continue;
+			}
+			close(f->fd);
+			f->fd = fd;
+		}
 		if (f->oldfd >= 0)
 			close(f->oldfd);
 		f->oldfd = -1;
@@ -417,6 +459,35 @@ static int sfs_freeze_open_upper(struct sfs_freeze *z)
 	return ret;
 }
 
+#define SFS_FUSE_SUPER_MAGIC 0x65735546
+
+/*
+ * What programs wrote through a shared mapping is in the kernel's page
+ * cache of the mount until written back, through this daemon: a syncfs
+ * of the mount sends it here while requests still flow, so that it is
+ * in the upper before the freeze. Found by the mountpoint's path, and
+ * checked to be this mount (a FUSE root with our root's number); a
+ * daemon given only a /dev/fuse descriptor does not know where it is.
+ */
+static void sfs_freeze_sync_mount(void)
+{
+	const char *mnt = sfs->params.mountpoint;
+	struct statfs sfst;
+	struct stat st;
+	int fd;
+
+	if (!mnt || mnt[0] != '/' || !strncmp(mnt, "/dev/fd/", 8))
+		return;
+	fd = open(mnt, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0)
+		return;
+	if (fstatfs(fd, &sfst) == 0 && sfst.f_type == SFS_FUSE_SUPER_MAGIC &&
+	    fstat(fd, &st) == 0 && st.st_ino == sfs->root->ino &&
+	    syncfs(fd) < 0)
+		strata_warn("freeze: syncing the mount: %s", strerror(errno));
+	close(fd);
+}
+
 /* Everything a freeze needs that can fail, before the gate closes. */
 static int sfs_freeze_prepare(struct sfs_freeze *z)
 {
@@ -450,6 +521,7 @@ static int sfs_freeze_prepare(struct sfs_freeze *z)
 	if (!z->frozen.path)
 		return -ENOMEM;
 	/* most dirty data goes now, while requests still flow */
+	sfs_freeze_sync_mount();
 	if (syncfs(sfs->upper.fd) < 0) {
 		ret = -errno;
 		sfs_freeze_msg(z, "syncing the upper: %s", strerror(errno));
@@ -516,8 +588,8 @@ static void sfs_freeze_switch(struct sfs_freeze *z)
 	z->frozen.path = NULL;	/* the layer's now */
 	z->newfd = -1;
 
-	sfs_freeze_each(sfs_freeze_node, z);
 	sfs_freeze_files();
+	sfs_freeze_each(sfs_freeze_node, z);
 	/* the root always has an upper entry: every copy-up starts there */
 	root->up = (struct sfs_entry){ z->rootfd, 0, NULL };
 	atomic_store(&root->has_upper, true);

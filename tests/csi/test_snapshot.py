@@ -230,9 +230,16 @@ def test_staged_volume_freezes_through_its_daemon(csi, kubelet, strata):
     assert sorted(os.listdir(layer)) == ["before"]
     # a restart of its daemon (a heal) serves the recorded chain
     os.kill(strata.daemon_pid(vid), 9)
-    poll(lambda: os.path.exists(os.path.join(st, "after")) and
-         open(os.path.join(st, "before")).read() == "b\n", 30,
-         what="the heal")
+
+    def healed():
+        # until the heal moves the new mount over, the dead one answers
+        # ENOTCONN or ECONNABORTED
+        try:
+            return (os.path.exists(os.path.join(st, "after")) and
+                    open(os.path.join(st, "before")).read() == "b\n")
+        except OSError:
+            return False
+    poll(healed, 30, what="the heal")
     kubelet.unstage(vid, st)
     r = clone(csi, "from-live", snapshot=sid)
     assert r.code == "OK", r

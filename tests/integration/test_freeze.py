@@ -8,6 +8,7 @@ new upper must show what stratafs shows, and so must stratafs mounted again
 from that layout."""
 
 import errno
+import mmap
 import os
 import shutil
 import signal
@@ -20,6 +21,7 @@ import pytest
 from strata_common import control_call
 from stratatest import (Union, assert_same, run, snapshot_tree,
                         snapshot_upper)
+from test_tmpfile import name_it
 from test_worker import worker_of
 
 LOWER = {
@@ -37,6 +39,15 @@ def supervised():
     return "nosupervisor" not in os.environ.get("STRATAFS_OPTS", "")
 
 
+# With -o passthrough for every mount (scripts/test.sh runs the suite so),
+# a freeze is refused while a handle is open on an upper file: tests that
+# hold one across a freeze are for the other modes, and
+# test_passthrough_writer_refused is this one's.
+holds_handles = pytest.mark.skipif(
+    "passthrough" in os.environ.get("STRATAFS_OPTS", "").split(","),
+    reason="a freeze refuses passthrough handles")
+
+
 def mount(factory, tmp_path, lowers=(LOWER,), **kw):
     sock = str(tmp_path / "c.sock")
     u = factory.make(list(lowers), extra_opts=[f"control={sock}"]
@@ -45,8 +56,18 @@ def mount(factory, tmp_path, lowers=(LOWER,), **kw):
     return u
 
 
-def freeze(u, newdir):
-    return control_call(u.sock, "freeze", str(newdir), timeout=60)
+def freeze(u, newdir, *, released=True):
+    """freeze NEWDIR. RELEASED: the handles closed before are gone; with
+    passthrough, the kernel sends their RELEASE after close(2) returns,
+    so a refusal for one is asked again once it has arrived."""
+    for _ in range(200):
+        status, text = control_call(u.sock, "freeze", str(newdir),
+                                    timeout=60)
+        if not released or status != -errno.EBUSY or \
+                "passthrough" not in text:
+            break
+        time.sleep(0.01)
+    return status, text
 
 
 def view(root):
@@ -110,6 +131,7 @@ def remount_frozen(factory, u, layers):
     return r.mount()
 
 
+@holds_handles
 def test_freeze_content_and_later_writes(stratafs_only, tmp_path):
     u = mount(stratafs_only, tmp_path)
     before_freeze(u)
@@ -125,11 +147,20 @@ def test_freeze_content_and_later_writes(stratafs_only, tmp_path):
     upper_ino = os.stat(u.upper).st_ino
     ino_then = os.stat(u.path("new/appended")).st_ino
 
+    inos_then = snapshot_tree(u.mnt, xattrs=False, ino=True)
     frozen = tmp_path / "frozen"
     assert freeze(u, frozen) == (0, f"layer={frozen}")
     assert os.stat(frozen).st_ino == upper_ino
     assert os.listdir(u.upper) == []
     assert view(u.mnt) == view_then
+    # inode numbers stay, also for names looked up again from the frozen
+    # layer (copied-up files keep their lower number there)
+    assert snapshot_tree(u.mnt, xattrs=False, ino=True) == inos_then
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("2")
+    assert snapshot_tree(u.mnt, xattrs=False, ino=True) == inos_then
+    for e in os.scandir(u.path("dir")):
+        assert e.inode() == os.stat(e.path).st_ino
     assert snapshot_upper(str(frozen)) == upper_then
 
     os.write(w, b"appended after\n")
@@ -163,6 +194,73 @@ def test_freeze_content_and_later_writes(stratafs_only, tmp_path):
     assert view(r2.mnt) == merged
 
 
+@holds_handles
+def test_reader_of_a_replaced_lower_file(stratafs_only, tmp_path):
+    # a reader opened on the lower file, which another handle then copied
+    # up and changed, reads the change after the freeze, as before it
+    u = mount(stratafs_only, tmp_path)
+    r = os.open(u.path("keep"), os.O_RDONLY)
+    with open(u.path("keep"), "r+") as f:
+        f.write("UPPER")
+    assert freeze(u, tmp_path / "f")[0] == 0
+    assert os.pread(r, 100, 0) == b"UPPER keep\n"
+    with open(u.path("keep"), "a") as f:
+        f.write("more\n")
+    assert os.pread(r, 100, 0) == b"UPPER keep\nmore\n"
+    os.close(r)
+    with open(tmp_path / "f" / "keep", "rb") as f:
+        assert f.read() == b"UPPER keep\n"
+
+
+@holds_handles
+def test_nameless_files_stay_out(stratafs_only, tmp_path):
+    # an unlinked file still open, and an O_TMPFILE not linked yet, are
+    # in no layer: the freeze leaves them be, and they work on
+    u = mount(stratafs_only, tmp_path)
+    gone = os.open(u.path("unlinked"), os.O_RDWR | os.O_CREAT)
+    os.write(gone, b"before\n")
+    os.unlink(u.path("unlinked"))
+    tmp = os.open(u.path("dir"), os.O_TMPFILE | os.O_RDWR, 0o644)
+    os.write(tmp, b"tmp before\n")
+    assert freeze(u, tmp_path / "f")[0] == 0
+    os.write(gone, b"after\n")
+    assert os.pread(gone, 100, 0) == b"before\nafter\n"
+    os.write(tmp, b"tmp after\n")
+    name_it(tmp, u.path("dir/linked"))
+    os.close(gone)
+    os.close(tmp)
+    with open(u.path("dir/linked"), "rb") as f:
+        assert f.read() == b"tmp before\ntmp after\n"
+    # the O_TMPFILE copied its directory up: all the frozen layer holds
+    assert os.listdir(tmp_path / "f") == ["dir"]
+    assert os.listdir(tmp_path / "f" / "dir") == []
+    assert os.path.exists(u.upath("dir/linked"))
+    merged = view(u.mnt)
+    layers = [str(tmp_path / "f")] + u.lowers
+    u.unmount()
+    assert oracle(stratafs_only, u, layers, "n") == merged
+
+
+@holds_handles
+def test_mapped_writes_are_in_the_frozen_layer(stratafs_only, tmp_path):
+    # written through a shared mapping, never synced: in the kernel's
+    # page cache of the mount until the freeze asks for it
+    u = mount(stratafs_only, tmp_path)
+    with open(u.path("mapped"), "wb") as f:
+        f.write(b"." * 4096)
+    fd = os.open(u.path("mapped"), os.O_RDWR)
+    m = mmap.mmap(fd, 4096)
+    m[0:6] = b"mapped"
+    try:
+        assert freeze(u, tmp_path / "f")[0] == 0
+        with open(tmp_path / "f" / "mapped", "rb") as f:
+            assert f.read(6) == b"mapped"
+    finally:
+        m.close()
+        os.close(fd)
+
+
+@holds_handles
 def test_freeze_twice(stratafs_only, tmp_path):
     u = mount(stratafs_only, tmp_path)
     before_freeze(u)
@@ -190,6 +288,31 @@ def test_freeze_twice(stratafs_only, tmp_path):
     assert view(r2.mnt) == merged
 
 
+def test_directories_frozen_over_and_over(stratafs_only, tmp_path):
+    # directories whose layers outgrow their node's own room, some
+    # changed between freezes and some not, over three freezes
+    u = mount(stratafs_only, tmp_path)
+    idle = [f"idle{i}" for i in range(8)]
+    busy = [f"busy{i}" for i in range(8)]
+    for d in idle + busy:
+        os.mkdir(u.path(d))
+        with open(u.path(d, "x"), "w") as f:
+            f.write("x\n")
+    layers = []
+    for i in range(3):
+        layers.insert(0, str(tmp_path / f"f{i}"))
+        assert freeze(u, layers[0])[0] == 0
+        for d in busy + (idle if i == 0 else []):
+            with open(u.path(d, f"y{i}"), "w") as f:
+                f.write(f"{i}\n")
+    for d in idle + busy:
+        assert "x" in os.listdir(u.path(d))
+    merged = view(u.mnt)
+    u.unmount()
+    assert oracle(stratafs_only, u, layers + u.lowers, "dirs") == merged
+
+
+@holds_handles
 def test_writer_during_freeze_loses_nothing(stratafs_only, tmp_path):
     u = mount(stratafs_only, tmp_path)
     path = u.path("log")
@@ -232,6 +355,7 @@ def test_writer_during_freeze_loses_nothing(stratafs_only, tmp_path):
 
 
 @pytest.mark.skipif(not supervised(), reason="needs the supervisor")
+@holds_handles
 def test_replaced_worker_keeps_the_new_stack(stratafs_only, tmp_path):
     u = mount(stratafs_only, tmp_path)
     before_freeze(u)
@@ -253,8 +377,18 @@ def test_replaced_worker_keeps_the_new_stack(stratafs_only, tmp_path):
     assert control_call(u.sock, "ping")[1] == f"pong pid={new}"
     # and it freezes again, over the stack it took over
     assert freeze(u, tmp_path / "f2")[0] == 0
+    # an upgrade in place (the supervisor execs itself) takes it over too
+    os.kill(u.pid, signal.SIGHUP)
+    newer = worker_of(u, new)
+    with open(u.path("after-upgrade"), "w") as f:
+        f.write("y\n")
+    assert os.path.exists(u.upath("after-upgrade"))
+    assert not os.path.exists(tmp_path / "f2" / "after-upgrade")
+    assert control_call(u.sock, "ping")[1] == f"pong pid={newer}"
+    assert freeze(u, tmp_path / "f3")[0] == 0
+    assert "upgrade: serving the mount on, from this binary" in u.stderr()
     merged = view(u.mnt)
-    layers = [str(tmp_path / "f2"), str(tmp_path / "f1")] + u.lowers
+    layers = [str(tmp_path / f) for f in ("f3", "f2", "f1")] + u.lowers
     u.unmount()
     assert oracle(stratafs_only, u, layers, "k") == merged
 
@@ -353,7 +487,7 @@ def test_passthrough_writer_refused(stratafs_only, tmp_path):
         f.write("x")
     fd = os.open(u.path("pt"), os.O_WRONLY)
     try:
-        status, text = freeze(u, tmp_path / "f")
+        status, text = freeze(u, tmp_path / "f", released=False)
         assert status == -errno.EBUSY and "passthrough" in text
         unchanged(u, upper_ino, tmp_path / "f")
     finally:
@@ -362,7 +496,7 @@ def test_passthrough_writer_refused(stratafs_only, tmp_path):
     # after the freeze would be given it
     r = os.open(u.path("pt"), os.O_RDONLY)
     try:
-        status, text = freeze(u, tmp_path / "f")
+        status, text = freeze(u, tmp_path / "f", released=False)
         assert status == -errno.EBUSY and "(0 for writing)" in text
         unchanged(u, upper_ino, tmp_path / "f")
     finally:
@@ -374,3 +508,61 @@ def test_passthrough_writer_refused(stratafs_only, tmp_path):
         assert f.read() == "x"
     with open(u.path("pt")) as f:
         assert f.read() == "xy"
+
+
+def churn(root, seed, stop, errors, done):
+    """Metadata and data operations in a directory of its own, until
+    STOP: each succeeds or the test fails."""
+    n = 0
+    try:
+        os.makedirs(root, exist_ok=True)
+        while not stop.is_set() or n < 40:
+            name = os.path.join(root, f"f{n % 7}")
+            with open(name, "ab") as f:
+                f.write(b"%d:%d\n" % (seed, n))
+            os.stat(name)
+            os.listdir(root)
+            if n % 3 == 0:
+                os.rename(name, os.path.join(root, f"r{n % 5}"))
+            if n % 4 == 0:
+                os.makedirs(os.path.join(root, f"d{n % 3}"), exist_ok=True)
+            if n % 5 == 0:
+                for e in os.listdir(root):
+                    if e.startswith("r") and (n // 5) % 2:
+                        os.unlink(os.path.join(root, e))
+            with open(os.path.join(root, "log"), "ab") as f:
+                f.write(b"%d\n" % n)
+                os.fsync(f.fileno())
+            n += 1
+    except OSError as e:
+        errors.append(e)
+    done.append((seed, n))
+
+
+@holds_handles
+def test_freezes_under_load(stratafs_only, tmp_path):
+    u = mount(stratafs_only, tmp_path)
+    stop = threading.Event()
+    errors, done = [], []
+    threads = [threading.Thread(target=churn,
+                                args=(u.path(f"t{i}"), i, stop, errors, done))
+               for i in range(4)]
+    for t in threads:
+        t.start()
+    layers = []
+    try:
+        for i in range(10):
+            time.sleep(0.02)
+            layers.insert(0, str(tmp_path / f"f{i}"))
+            assert freeze(u, layers[0])[0] == 0
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert errors == []
+    for seed, n in done:
+        with open(u.path(f"t{seed}", "log"), "rb") as f:
+            assert f.read() == b"".join(b"%d\n" % i for i in range(n))
+    merged = view(u.mnt)
+    u.unmount()
+    assert oracle(stratafs_only, u, layers + u.lowers, "load") == merged
