@@ -775,6 +775,140 @@ def check_examples(docs):
     return problems
 
 
+def yaml_blocks(text, page):
+    """[(page:line of the opening fence, text)] of the ```yaml blocks of a
+    markdown page, indented ones (in a list item) included."""
+    out, lines, i = [], text.splitlines(), 0
+    while i < len(lines):
+        m = re.match(r"^(\s*)```yaml\s*$", lines[i])
+        i += 1
+        if not m:
+            continue
+        start, body = i, []
+        while i < len(lines) and lines[i].strip() != "```":
+            body.append(lines[i][len(m.group(1)):])
+            i += 1
+        out.append((f"{page}:{start}", "\n".join(body)))
+        i += 1
+    return out
+
+
+def quantity(q):
+    """A storage quantity in bytes (the binary and decimal suffixes)."""
+    m = re.fullmatch(r"(\d+)(Ki|Mi|Gi|Ti|k|M|G|T)?", str(q))
+    if not m:
+        return None
+    mult = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3,
+            "M": 10**6, "G": 10**9, "T": 10**12}.get(m.group(2), 1)
+    return int(m.group(1)) * mult
+
+
+def check_doc_yaml(blocks, base, examples):
+    """The objects the docs show, against the manifests: the StorageClass
+    is the base's, a VolumeSnapshotClass names the driver, snapshots and
+    claims name classes, claims and snapshots that exist (in the docs or
+    the examples, same namespace), a claim made from another asks for at
+    least its size, and a kustomization's components exist."""
+    problems = []
+    driver = one(base, "CSIDriver")["metadata"]["name"]
+    sc = copy.deepcopy(one(base, "StorageClass"))
+    sc["metadata"].pop("labels", None)
+    objs = []
+    for where, text in blocks:
+        try:
+            docs = [d for d in yaml.safe_load_all(text) if d is not None]
+        except yaml.YAMLError as e:
+            problems.append(f"{where}: not YAML: {e}")
+            continue
+        for d in docs:
+            if "components" in d or "resources" in d:
+                for c in d.get("components", []):
+                    tail = c.partition("packaging/kubernetes/")[2]
+                    if not tail or not (K8S / tail / "kustomization.yaml").is_file():
+                        problems.append(f"{where}: component {c} does not exist")
+            elif "kind" in d:
+                objs.append((where, d))
+
+    def ns(d):
+        return d["metadata"].get("namespace", "default")
+    claims = {(d["metadata"].get("namespace"), d["metadata"]["name"]): d
+              for d in examples if d["kind"] == "PersistentVolumeClaim"}
+    claims.update({(ns(d), d["metadata"]["name"]): d for _, d in objs
+                   if d["kind"] == "PersistentVolumeClaim"})
+    snaps = {(ns(d), d["metadata"]["name"]): d for _, d in objs
+             if d["kind"] == "VolumeSnapshot"}
+    snap_classes = {d["metadata"]["name"] for _, d in objs
+                    if d["kind"] == "VolumeSnapshotClass"}
+    classes = {d["metadata"]["name"] for d in base if d["kind"] == "StorageClass"}
+
+    def size(claim):
+        return quantity(claim["spec"].get("resources", {}).get("requests", {})
+                        .get("storage", ""))
+
+    for where, d in objs:
+        kind, name = d["kind"], d["metadata"].get("name")
+        if kind == "StorageClass":
+            if d != sc:
+                problems.append(f"{where}: StorageClass {name} is not the base's: {d}")
+        elif kind == "VolumeSnapshotClass":
+            if d.get("apiVersion") != "snapshot.storage.k8s.io/v1" or \
+                    d.get("driver") != driver or \
+                    d.get("deletionPolicy") not in ("Delete", "Retain"):
+                problems.append(f"{where}: VolumeSnapshotClass {name}: want "
+                                f"snapshot.storage.k8s.io/v1, driver {driver}, "
+                                "deletionPolicy Delete or Retain")
+        elif kind == "VolumeSnapshot":
+            spec = d.get("spec", {})
+            src = (ns(d), spec.get("source", {}).get("persistentVolumeClaimName"))
+            if d.get("apiVersion") != "snapshot.storage.k8s.io/v1":
+                problems.append(f"{where}: VolumeSnapshot {name}: apiVersion")
+            if spec.get("volumeSnapshotClassName") not in snap_classes:
+                problems.append(f"{where}: VolumeSnapshot {name}: no "
+                                f"VolumeSnapshotClass {spec.get('volumeSnapshotClassName')}")
+            if src not in claims:
+                problems.append(f"{where}: VolumeSnapshot {name}: no claim {src}")
+        elif kind == "PersistentVolumeClaim":
+            spec = d.get("spec", {})
+            if spec.get("storageClassName") not in classes:
+                problems.append(f"{where}: PVC {name}: no StorageClass "
+                                f"{spec.get('storageClassName')}")
+            if not set(spec.get("accessModes", [])) <= {"ReadWriteOnce",
+                                                        "ReadWriteOncePod"}:
+                problems.append(f"{where}: PVC {name}: access modes "
+                                f"{spec.get('accessModes')} (volumes are node-local)")
+            ds = spec.get("dataSource")
+            if ds is None:
+                continue
+            key = (ns(d), ds.get("name"))
+            if ds.get("kind") == "VolumeSnapshot" and \
+                    ds.get("apiGroup") == "snapshot.storage.k8s.io":
+                snap = snaps.get(key)
+                source = snap and claims.get(
+                    (key[0], snap["spec"]["source"].get("persistentVolumeClaimName")))
+            elif ds.get("kind") == "PersistentVolumeClaim" and not ds.get("apiGroup"):
+                source = claims.get(key)
+            else:
+                problems.append(f"{where}: PVC {name}: dataSource {ds}: want a "
+                                "VolumeSnapshot (apiGroup snapshot.storage.k8s.io) "
+                                "or a PersistentVolumeClaim (no apiGroup)")
+                continue
+            if not source:
+                problems.append(f"{where}: PVC {name}: dataSource {ds} does not "
+                                "exist in the docs or the examples")
+            elif (size(d) or 0) < (size(source) or 0):
+                problems.append(f"{where}: PVC {name}: asks for less than its "
+                                "source (CreateVolume: OUT_OF_RANGE)")
+    return problems
+
+
+DOC_PAGES = ["docs/kubernetes.md", "docs/csi.md"]
+
+
+def doc_blocks():
+    return [b for page in DOC_PAGES
+            for b in yaml_blocks((REPO / page).read_text(), page)]
+
+
 def configure_version():
     m = re.search(r"AC_INIT\(\[[^]]*\],\s*\[([^]]+)\]",
                   (REPO / "configure.ac").read_text())
@@ -818,6 +952,17 @@ def test_rbac(base):
 
 def test_storageclass(base):
     assert check_storageclass(base) == []
+
+
+def test_docs_yaml(base, examples):
+    """The StorageClass, VolumeSnapshotClass, snapshot and claims the docs
+    show work with the manifests as rendered."""
+    blocks = doc_blocks()
+    kinds = {d.get("kind") for _, t in blocks for d in yaml.safe_load_all(t) if d}
+    # the checker must see what the docs promise, or it checks nothing
+    assert {"StorageClass", "VolumeSnapshotClass", "VolumeSnapshot",
+            "PersistentVolumeClaim"} <= kinds, kinds
+    assert check_doc_yaml(blocks, base, examples) == []
 
 
 def test_examples(examples):
@@ -1072,6 +1217,73 @@ def test_rbac_checker_reports_each_sidecar(base, resizer):
     assert any("csi-resizer" in p for p in check_rbac(other))
     # and without the resizer container, its rules are not asked for
     assert check_rbac(without_container(no_role, "csi-resizer")) == []
+
+
+DOC_SNAPSHOT = """\
+apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshotClass
+metadata: {name: strata}
+driver: strata.csi.dev
+deletionPolicy: Delete
+---
+apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshot
+metadata: {name: s1, namespace: strata-examples}
+spec:
+  volumeSnapshotClassName: strata
+  source: {persistentVolumeClaimName: strata-demo}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: r1, namespace: strata-examples}
+spec:
+  storageClassName: strata
+  accessModes: [ReadWriteOnce]
+  resources: {requests: {storage: 1Gi}}
+  dataSource: {apiGroup: snapshot.storage.k8s.io, kind: VolumeSnapshot, name: s1}
+"""
+
+
+@pytest.mark.parametrize("old, new, expect", [
+    (None, None, None),
+    ("driver: strata.csi.dev", "driver: other.csi.dev", "driver strata.csi.dev"),
+    ("volumeSnapshotClassName: strata", "volumeSnapshotClassName: x",
+     "no VolumeSnapshotClass x"),
+    ("persistentVolumeClaimName: strata-demo", "persistentVolumeClaimName: nope",
+     "no claim ('strata-examples', 'nope')"),
+    ("apiGroup: snapshot.storage.k8s.io, kind", "kind", "dataSource"),
+    ("name: s1}", "name: s2}", "does not exist"),
+    ("storage: 1Gi", "storage: 512Mi", "asks for less than its source"),
+    ("storageClassName: strata", "storageClassName: fast", "no StorageClass fast"),
+    ("[ReadWriteOnce]", "[ReadWriteMany]", "node-local"),
+    ("metadata: {name: s1,", "metadata: [", "not YAML"),
+])
+def test_doc_yaml_checker_reports(base, examples, old, new, expect):
+    text = DOC_SNAPSHOT if old is None else DOC_SNAPSHOT.replace(old, new, 1)
+    assert text != DOC_SNAPSHOT or old is None
+    problems = check_doc_yaml([("t", text)], base, examples)
+    if expect is None:
+        assert problems == []
+    else:
+        assert any(expect in p for p in problems), problems
+
+
+def test_doc_yaml_checker_reports_the_class_and_components(base, examples):
+    sc = copy.deepcopy(one(base, "StorageClass"))
+    sc["metadata"].pop("labels", None)
+    assert check_doc_yaml([("t", yaml.safe_dump(sc))], base, examples) == []
+    sc["allowVolumeExpansion"] = False
+    assert any("not the base's" in p for p in check_doc_yaml(
+        [("t", yaml.safe_dump(sc))], base, examples))
+    good = "components:\n  - ../strata/packaging/kubernetes/components/single-node-resizer\n"
+    assert check_doc_yaml([("t", good)], base, examples) == []
+    assert any("does not exist" in p for p in check_doc_yaml(
+        [("t", good.replace("single-node-resizer", "resizer"))], base, examples))
+
+
+def test_yaml_blocks_reads_indented_blocks():
+    text = "a\n```yaml\nx: 1\n```\n- item:\n\n  ```yaml\n  y: 2\n  ```\n```sh\nz\n```\n"
+    assert yaml_blocks(text, "p") == [("p:2", "x: 1"), ("p:7", "y: 2")]
 
 
 def test_other_checkers_report(base, examples):
