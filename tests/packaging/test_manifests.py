@@ -887,6 +887,11 @@ def check_doc_yaml(blocks, base, examples):
                     (key[0], snap["spec"]["source"].get("persistentVolumeClaimName")))
             elif ds.get("kind") == "PersistentVolumeClaim" and not ds.get("apiGroup"):
                 source = claims.get(key)
+                # external-provisioner refuses a clone of another class
+                if source and source["spec"].get("storageClassName") != \
+                        spec.get("storageClassName"):
+                    problems.append(f"{where}: PVC {name}: a clone must be of "
+                                    "its source's StorageClass")
             else:
                 problems.append(f"{where}: PVC {name}: dataSource {ds}: want a "
                                 "VolumeSnapshot (apiGroup snapshot.storage.k8s.io) "
@@ -1241,6 +1246,15 @@ spec:
   accessModes: [ReadWriteOnce]
   resources: {requests: {storage: 1Gi}}
   dataSource: {apiGroup: snapshot.storage.k8s.io, kind: VolumeSnapshot, name: s1}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: c1, namespace: strata-examples}
+spec:
+  storageClassName: strata
+  accessModes: [ReadWriteOnce]
+  resources: {requests: {storage: 1Gi}}
+  dataSource: {kind: PersistentVolumeClaim, name: strata-demo}
 """
 
 
@@ -1256,6 +1270,10 @@ spec:
     ("storage: 1Gi", "storage: 512Mi", "asks for less than its source"),
     ("storageClassName: strata", "storageClassName: fast", "no StorageClass fast"),
     ("[ReadWriteOnce]", "[ReadWriteMany]", "node-local"),
+    ("name: c1, namespace: strata-examples}\nspec:\n  storageClassName: strata",
+     "name: c1, namespace: strata-examples}\nspec:\n  storageClassName: fast",
+     "a clone must be of its source's StorageClass"),
+    ("name: strata-demo}", "name: strata-demo-x}", "does not exist"),
     ("metadata: {name: s1,", "metadata: [", "not YAML"),
 ])
 def test_doc_yaml_checker_reports(base, examples, old, new, expect):
