@@ -1044,6 +1044,30 @@ def test_single_node_resizer_component(base, resizer):
         assert got.get(key(d)) == d, f"the component changes {key(d)}"
 
 
+def test_components_combine(kubectl, tmp_path, resizer):
+    """A one-node k0s: both components at once. The resizer reaches the
+    plugin's socket wherever kubelet-dir moves it."""
+    root = "/var/lib/k0s/kubelet"
+    rel = os.path.relpath(K8S, tmp_path)
+    (tmp_path / "kubelet-dir.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "strata-kubelet-dir", "annotations":
+                     {"config.kubernetes.io/local-config": "true"}},
+        "data": {"path": root}}))
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
+        "resources": [rel, "kubelet-dir.yaml"],
+        "components": [f"{rel}/components/kubelet-dir",
+                       f"{rel}/components/single-node-resizer"]}))
+    docs = render(kubectl, tmp_path)
+    assert check_kinds(docs, RESIZER_KINDS) == []
+    text = yaml.safe_dump(one(docs, "DaemonSet"))
+    assert KUBELET not in text
+    moved = yaml.safe_load(text.replace(root, KUBELET))
+    assert moved == one(resizer, "DaemonSet")
+    assert check_daemonset([moved if d["kind"] == "DaemonSet" else d
+                            for d in docs], RESIZER_SIDECARS) == []
+
+
 def test_base_has_no_resizer(base):
     """Per node, a resizer would act on every node's claims."""
     names = [c["name"] for c in one(base, "DaemonSet")["spec"]["template"]["spec"]["containers"]]
