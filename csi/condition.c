@@ -1,14 +1,18 @@
 // SPDX-License-Identifier: Apache-2.0
 /*
- * Abnormal conditions of staged volumes that no heal can mend, found by
- * the periodic check and logged once each (and once more when they end):
- * today, a lower layer removed, renamed away or replaced under the store
- * while a volume over it is staged. The daemon keeps the directory it was
- * given as a descriptor, so it does not crash; but files of a removed
- * layer are gone from the volume, and a heal or a new stage would fail or
- * serve another tree. CSI reports such a state as the volume's
- * VolumeCondition (NodeGetVolumeStats), which comes with issue 13; until
- * then the log is where an operator finds it.
+ * A volume's condition, as CSI reports it (VolumeCondition in
+ * NodeGetVolumeStats and ControllerGetVolume) and `stratactl volume
+ * inspect` shows it: abnormal, with a sentence saying what is wrong, when
+ * its daemon is dead, a lower layer is missing, unreadable or replaced
+ * under it, or its upper layer cannot be written.
+ *
+ * Of these, what no heal can mend is also found by the periodic check of
+ * staged volumes and logged once each (and once more when it ends): a
+ * lower layer removed, renamed away or replaced under the store while a
+ * volume over it is staged. The daemon keeps the directory it was given
+ * as a descriptor, so it does not crash; but files of a removed layer are
+ * gone from the volume, and a heal or a new stage would fail or serve
+ * another tree.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -62,10 +66,10 @@ static int csi_daemon_layers(pid_t pid, int *fds, int max)
 }
 
 /*
- * What is wrong with a staged volume's layers, in `msg`; "" when nothing.
- * Reads only: the Admin service asks it from any thread.
+ * What is wrong with a staged volume's layers, as its daemon holds them,
+ * in `msg`; "" when nothing.
  */
-void csi_condition_layers(struct csi_plugin *p, const struct csi_volume *v,
+static void csi_condition_layers(struct csi_plugin *p, const struct csi_volume *v,
 			  const struct csi_node_vol *n, char *msg, size_t size)
 {
 	int fds[CSI_MAX_LAYERS], nfds;
@@ -96,6 +100,95 @@ void csi_condition_layers(struct csi_plugin *p, const struct csi_volume *v,
 			snprintf(msg, size, "its lower layer '%s' in %s/layers is not the directory its daemon serves (replaced while the volume is staged): a heal would serve the new one",
 				 v->layers[i], p->store.root);
 	}
+}
+
+/* Each lower layer opens from the store and its first entry reads. */
+static void csi_condition_readable(struct csi_plugin *p,
+				   const struct csi_volume *v, char *msg,
+				   size_t size)
+{
+	for (int i = 0; i < v->nlayers && !msg[0]; i++) {
+		int pfd = csi_layer_open(&p->store, v->layers[i]), fd;
+		DIR *d;
+
+		if (pfd < 0) {
+			snprintf(msg, size, "its lower layer '%s' cannot be opened in %s/layers (%s): put the layer back, or delete the volume",
+				 v->layers[i], p->store.root, strerror(-pfd));
+			break;
+		}
+		/* the store hands out O_PATH descriptors: open it for reading */
+		fd = openat(pfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		close(pfd);
+		if (fd < 0) {
+			snprintf(msg, size, "its lower layer '%s' in %s/layers cannot be read (%s)",
+				 v->layers[i], p->store.root, strerror(errno));
+			break;
+		}
+		d = fdopendir(fd);
+		if (!d) {
+			close(fd);
+			continue;	/* out of memory: no verdict */
+		}
+		errno = 0;
+		if (!readdir(d) && errno)
+			snprintf(msg, size, "its lower layer '%s' in %s/layers cannot be read (%s)",
+				 v->layers[i], p->store.root, strerror(errno));
+		closedir(d);
+	}
+}
+
+/*
+ * The upper layer takes a new file: an unnamed one (O_TMPFILE), gone at
+ * its close, so the check leaves nothing behind in the volume. A
+ * read-only or failing store, an immutable or missing directory all
+ * refuse it.
+ */
+static void csi_condition_upper(struct csi_plugin *p,
+				const struct csi_volume *v, char *msg,
+				size_t size)
+{
+	char path[CSI_VOLUME_ID_LEN + 8];
+	int dfd, fd;
+
+	snprintf(path, sizeof(path), "%s/upper", v->id);
+	dfd = openat(p->store.volumes_fd, path,
+		     O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (dfd < 0) {
+		snprintf(msg, size, "its upper layer %s/volumes/%s cannot be opened (%s)",
+			 p->store.root, path, strerror(errno));
+		return;
+	}
+	fd = openat(dfd, ".", O_TMPFILE | O_WRONLY | O_CLOEXEC, 0600);
+	if (fd >= 0)
+		close(fd);
+	else if (errno != EOPNOTSUPP && errno != EISDIR)
+		snprintf(msg, size, "its upper layer %s/volumes/%s cannot be written (%s): writes in the volume fail",
+			 p->store.root, path, strerror(errno));
+	close(dfd);
+}
+
+/*
+ * What is wrong with volume `v`, in `msg`; "" when nothing. `n` is its
+ * node state when it is staged here, else NULL. Reads only (the upper's
+ * check makes an unnamed file), so any thread may ask.
+ */
+void csi_condition_volume(struct csi_plugin *p, const struct csi_volume *v,
+			  const struct csi_node_vol *n, char *msg, size_t size)
+{
+	msg[0] = '\0';
+	if (n && !csi_daemon_alive(n)) {
+		/* the watcher heals it within seconds; until then it is down */
+		snprintf(msg, size,
+			 "its daemon (pid %d) is not running: the plugin starts it again",
+			 (int)n->pid);
+		return;
+	}
+	if (n)
+		csi_condition_layers(p, v, n, msg, size);
+	if (!msg[0])
+		csi_condition_readable(p, v, msg, size);
+	if (!msg[0])
+		csi_condition_upper(p, v, msg, size);
 }
 
 static struct csi_cond *csi_cond_get(struct csi_plugin *p, const char *id)
@@ -171,4 +264,22 @@ void csi_condition_prune(struct csi_plugin *p, unsigned round)
 		free(c->msg);
 		free(c);
 	}
+}
+
+/* The volume's condition as a VolumeCondition message, or NULL (ENOMEM). */
+Csi__V1__VolumeCondition *csi_condition_msg(struct csi_plugin *p,
+					    struct csi_reply *r,
+					    const struct csi_volume *v,
+					    const struct csi_node_vol *n)
+{
+	Csi__V1__VolumeCondition *c = csi_alloc(r, sizeof(*c));
+	char msg[512];
+
+	if (!c)
+		return NULL;
+	csi__v1__volume_condition__init(c);
+	csi_condition_volume(p, v, n, msg, sizeof(msg));
+	c->abnormal = msg[0] != '\0';
+	c->message = csi_strdup(r, msg[0] ? msg : "the volume is healthy");
+	return c->message ? c : NULL;
 }

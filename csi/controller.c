@@ -518,6 +518,58 @@ out_nomem:
 	csi_reply_errno(r, -ENOMEM, "ListVolumes");
 }
 
+/*
+ * A volume of this node's store, and its condition: staged here or not,
+ * and what is wrong with it (VOLUME_CONDITION). Inline volumes belong to
+ * their pods and are not the CO's to look up, as in ListVolumes.
+ */
+static void csi_get_volume(struct csi_plugin *p, const ProtobufCMessage *msg,
+			   struct csi_reply *r)
+{
+	const Csi__V1__ControllerGetVolumeRequest *req = (const void *)msg;
+	Csi__V1__ControllerGetVolumeResponse__VolumeStatus *st;
+	Csi__V1__ControllerGetVolumeResponse *out;
+	struct csi_node_vol n = { 0 };
+	struct csi_volume v = { 0 };
+	int ret, staged;
+
+	if (csi_reply_id_check(r, req->volume_id))
+		return;
+	ret = csi_volume_load(&p->store, req->volume_id, &v);
+	if (!ret && v.ephemeral)
+		ret = -ENOENT;
+	if (ret) {
+		csi_reply_load(r, req->volume_id, ret);
+		goto out;
+	}
+	staged = csi_state_load(&p->store, v.id, &n);
+	if (staged && staged != -ENOENT) {
+		csi_reply_set(r, CSI_INTERNAL,
+			      "the node record %s/node/%s.json cannot be read (%s)",
+			      p->store.root, v.id, strerror(-staged));
+		goto out;
+	}
+	out = csi_alloc(r, sizeof(*out));
+	st = csi_alloc(r, sizeof(*st));
+	if (!out || !st)
+		goto out_nomem;
+	csi__v1__controller_get_volume_response__init(out);
+	csi__v1__controller_get_volume_response__volume_status__init(st);
+	out->volume = csi_volume_msg(p, r, &v);
+	st->volume_condition = csi_condition_msg(p, r, &v,
+						 staged ? NULL : &n);
+	out->status = st;
+	if (!out->volume || !st->volume_condition)
+		goto out_nomem;
+	csi_reply_ok(r, out);
+	goto out;
+out_nomem:
+	csi_reply_errno(r, -ENOMEM, "ControllerGetVolume");
+out:
+	csi_state_free(&n);
+	csi_volume_free(&v);
+}
+
 static bool csi_capacity_layers_here(struct csi_plugin *p,
 				     const Csi__V1__GetCapacityRequest *req)
 {
@@ -578,6 +630,8 @@ static void csi_controller_caps(struct csi_plugin *p, const ProtobufCMessage *ms
 		CSI__V1__CONTROLLER_SERVICE_CAPABILITY__RPC__TYPE__LIST_VOLUMES,
 		CSI__V1__CONTROLLER_SERVICE_CAPABILITY__RPC__TYPE__GET_CAPACITY,
 		CSI__V1__CONTROLLER_SERVICE_CAPABILITY__RPC__TYPE__SINGLE_NODE_MULTI_WRITER,
+		CSI__V1__CONTROLLER_SERVICE_CAPABILITY__RPC__TYPE__GET_VOLUME,
+		CSI__V1__CONTROLLER_SERVICE_CAPABILITY__RPC__TYPE__VOLUME_CONDITION,
 	};
 
 	csi_reply_caps(r, &csi__v1__controller_get_capabilities_response__descriptor,
@@ -602,6 +656,9 @@ const struct csi_method csi_controller_methods[] = {
 	{ "/csi.v1.Controller/GetCapacity",
 	  &csi__v1__get_capacity_request__descriptor, csi_get_capacity,
 	  CSI_MODE_CONTROLLER, false },
+	{ "/csi.v1.Controller/ControllerGetVolume",
+	  &csi__v1__controller_get_volume_request__descriptor, csi_get_volume,
+	  CSI_MODE_CONTROLLER, true },
 	{ "/csi.v1.Controller/ControllerGetCapabilities",
 	  &csi__v1__controller_get_capabilities_request__descriptor,
 	  csi_controller_caps, CSI_MODE_CONTROLLER, false },

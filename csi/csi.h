@@ -464,11 +464,15 @@ void csi_cgroup_remove(struct csi_plugin *p, const char *name);
 void csi_cgroup_sweep(struct csi_plugin *p);
 void csi_cgroup_free(struct csi_host *h);
 
-/* condition.c: abnormal conditions of staged volumes, logged */
+/* condition.c: a volume's condition; staged volumes' checked and logged */
 void csi_condition_check(struct csi_plugin *p, const char *id, unsigned round);
 void csi_condition_prune(struct csi_plugin *p, unsigned round);
-void csi_condition_layers(struct csi_plugin *p, const struct csi_volume *v,
+void csi_condition_volume(struct csi_plugin *p, const struct csi_volume *v,
 			  const struct csi_node_vol *n, char *msg, size_t size);
+Csi__V1__VolumeCondition *csi_condition_msg(struct csi_plugin *p,
+					    struct csi_reply *r,
+					    const struct csi_volume *v,
+					    const struct csi_node_vol *n);
 
 /* metrics.c */
 enum csi_event {

@@ -99,13 +99,11 @@ static int csi_inspect_copy_ups(struct csi_plugin *p, const char *id,
 	return 0;
 }
 
-/* The node's part: state, staging path, targets, daemon, condition. */
+/* The node's part: state, staging path, targets, daemon. */
 static int csi_inspect_node(struct csi_plugin *p, const struct csi_volume *v,
 			    const struct csi_node_vol *n,
 			    Strata__V1__VolumeState *s, struct csi_reply *r)
 {
-	char msg[512] = "";
-
 	s->state = n->ntargets ? "published" : "staged";
 	s->staging_path = csi_strdup(r, n->staging);
 	s->targets = csi_alloc(r, (n->ntargets + 1) * sizeof(*s->targets));
@@ -127,22 +125,26 @@ static int csi_inspect_node(struct csi_plugin *p, const struct csi_volume *v,
 	if (csi_daemon_alive(n)) {
 		s->daemon_pid = n->pid;
 		s->uptime_seconds = csi_inspect_uptime(n->starttime);
-		csi_condition_layers(p, v, n, msg, sizeof(msg));
 		if (csi_inspect_copy_ups(p, v->id, s, r))
-			return -ENOMEM;
-	} else {
-		/* the watcher heals it within seconds; until then it is down */
-		snprintf(msg, sizeof(msg),
-			 "its daemon (pid %d) is not running: the plugin starts it again",
-			 (int)n->pid);
-	}
-	if (msg[0]) {
-		s->abnormal = true;
-		s->condition = csi_strdup(r, msg);
-		if (!s->condition)
 			return -ENOMEM;
 	}
 	return 0;
+}
+
+/* Staged here or not (n NULL), what is wrong with the volume, if anything. */
+static int csi_inspect_condition(struct csi_plugin *p,
+				 const struct csi_volume *v,
+				 const struct csi_node_vol *n,
+				 Strata__V1__VolumeState *s, struct csi_reply *r)
+{
+	char msg[512];
+
+	csi_condition_volume(p, v, n, msg, sizeof(msg));
+	if (!msg[0])
+		return 0;
+	s->abnormal = true;
+	s->condition = csi_strdup(r, msg);
+	return s->condition ? 0 : -ENOMEM;
 }
 
 /*
@@ -190,14 +192,17 @@ static int csi_inspect_one(struct csi_plugin *p, const char *id,
 		s->used_bytes = bytes;
 	s->state = "created";
 	ret = csi_state_load(&p->store, id, &n);
-	if (ret == 0)
+	if (ret == 0) {
 		ret = csi_inspect_node(p, &v, &n, s, r);
-	else if (ret == -ENOENT)
-		ret = 0;
-	else
+		if (ret == 0)
+			ret = csi_inspect_condition(p, &v, &n, s, r);
+	} else if (ret == -ENOENT) {
+		ret = csi_inspect_condition(p, &v, NULL, s, r);
+	} else {
 		snprintf(why, size,
 			 "the node record %s/node/%s.json cannot be read (%s)",
 			 p->store.root, id, strerror(-ret));
+	}
 	csi_state_free(&n);
 	if (ret == 0)
 		*out = s;

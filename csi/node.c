@@ -1081,6 +1081,9 @@ static void csi_node_stats(struct csi_plugin *p, const ProtobufCMessage *msg,
 	if (!out->usage[0] || !out->usage[1])
 		goto out_nomem;
 	out->n_usage = 2;
+	out->volume_condition = csi_condition_msg(p, r, &nr.v, &nr.n);
+	if (!out->volume_condition)
+		goto out_nomem;
 	csi_reply_ok(r, out);
 	goto out;
 out_notfound:
@@ -1099,6 +1102,7 @@ static void csi_node_caps(struct csi_plugin *p, const ProtobufCMessage *msg,
 	static const int types[] = {
 		CSI__V1__NODE_SERVICE_CAPABILITY__RPC__TYPE__STAGE_UNSTAGE_VOLUME,
 		CSI__V1__NODE_SERVICE_CAPABILITY__RPC__TYPE__GET_VOLUME_STATS,
+		CSI__V1__NODE_SERVICE_CAPABILITY__RPC__TYPE__VOLUME_CONDITION,
 		CSI__V1__NODE_SERVICE_CAPABILITY__RPC__TYPE__SINGLE_NODE_MULTI_WRITER,
 		/* kubelet must not chown a whole lower layer into the upper */
 		CSI__V1__NODE_SERVICE_CAPABILITY__RPC__TYPE__VOLUME_MOUNT_GROUP,

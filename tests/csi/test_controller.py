@@ -473,7 +473,7 @@ def test_controller_capabilities(csi):
     got = rpc_capabilities(csi, "ControllerGetCapabilities",
                            pb().ControllerServiceCapability)
     assert {"CREATE_DELETE_VOLUME", "LIST_VOLUMES", "GET_CAPACITY",
-            "SINGLE_NODE_MULTI_WRITER"} <= got
+            "SINGLE_NODE_MULTI_WRITER", "GET_VOLUME", "VOLUME_CONDITION"} <= got
     # nothing it does not implement
     assert not got & {"CREATE_DELETE_SNAPSHOT", "CLONE_VOLUME", "EXPAND_VOLUME",
                       "PUBLISH_UNPUBLISH_VOLUME"}

@@ -557,7 +557,7 @@ def test_stats_total_is_capacity(env, kubelet, csi):
 def test_node_capabilities(csi):
     got = rpc_capabilities(csi, "NodeGetCapabilities", pb().NodeServiceCapability)
     assert {"STAGE_UNSTAGE_VOLUME", "GET_VOLUME_STATS", "VOLUME_MOUNT_GROUP",
-            "SINGLE_NODE_MULTI_WRITER"} <= got
+            "SINGLE_NODE_MULTI_WRITER", "VOLUME_CONDITION"} <= got
     assert "EXPAND_VOLUME" not in got
 
 
