@@ -592,8 +592,6 @@ def check_daemonset(docs, want_sidecars=BASE_SIDECARS):
     snap = sidecars["csi-snapshotter"]
     if flag(snap, "--node-deployment") not in ("true", ""):
         problems.append("snapshotter: --node-deployment=true missing")
-    if "--node-deployment" not in [a.partition("=")[0] for a in snap.get("args", [])]:
-        problems.append("snapshotter: --node-deployment=true missing")
     if flag(snap, "--leader-election") in ("true", ""):
         problems.append("snapshotter: --leader-election with --node-deployment "
                         "(the sidecar refuses both)")
@@ -900,7 +898,10 @@ def check_doc_yaml(blocks, base, examples):
             if not source:
                 problems.append(f"{where}: PVC {name}: dataSource {ds} does not "
                                 "exist in the docs or the examples")
-            elif (size(d) or 0) < (size(source) or 0):
+            elif size(d) is None or size(source) is None:
+                problems.append(f"{where}: PVC {name}: a storage request this "
+                                "check cannot read (it and its source's)")
+            elif size(d) < size(source):
                 problems.append(f"{where}: PVC {name}: asks for less than its "
                                 "source (CreateVolume: OUT_OF_RANGE)")
     return problems
@@ -1292,6 +1293,7 @@ spec:
     ("apiGroup: snapshot.storage.k8s.io, kind", "kind", "dataSource"),
     ("name: s1}", "name: s2}", "does not exist"),
     ("storage: 1Gi", "storage: 512Mi", "asks for less than its source"),
+    ("storage: 1Gi", "storage: 1.5Gi", "a storage request this check cannot read"),
     ("storageClassName: strata", "storageClassName: fast", "no StorageClass fast"),
     ("[ReadWriteOnce]", "[ReadWriteMany]", "node-local"),
     ("name: c1, namespace: strata-examples}\nspec:\n  storageClassName: strata",
