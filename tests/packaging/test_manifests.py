@@ -42,33 +42,65 @@ API_VERSIONS = {
     "DaemonSet": "apps/v1",
 }
 BASE_KINDS = {
-    "Namespace": 1, "ServiceAccount": 1, "ClusterRole": 1,
-    "ClusterRoleBinding": 1, "Role": 1, "RoleBinding": 1, "CSIDriver": 1,
+    "Namespace": 1, "ServiceAccount": 1, "ClusterRole": 2,
+    "ClusterRoleBinding": 2, "Role": 1, "RoleBinding": 1, "CSIDriver": 1,
     "StorageClass": 1, "DaemonSet": 1,
 }
 EXAMPLE_KINDS = dict(BASE_KINDS, Namespace=2, PersistentVolumeClaim=3, Pod=4)
+# components/single-node-resizer adds the resizer's ClusterRole and binding.
+RESIZER_KINDS = dict(BASE_KINDS, ClusterRole=3, ClusterRoleBinding=3)
 
-# What external-provisioner in per-node mode with capacity tracking needs:
-# (apiGroup, resource) -> verbs. The node-driver-registrar needs nothing.
+SNAPSHOT_GROUP = "snapshot.storage.k8s.io"
+# What each sidecar needs, cluster-wide, when it is in the pod:
+# (apiGroup, resource) -> verbs. The node-driver-registrar and the
+# livenessprobe need nothing. The provisioner runs per node with capacity
+# tracking and restores claims from VolumeSnapshots; the snapshotter's and
+# the resizer's are their upstream deploy/ RBAC (no leases: no leader
+# election; no group snapshots: the plugin has no GroupController).
 CLUSTER_RULES = {
-    ("", "persistentvolumes"): {"get", "list", "watch", "create", "delete"},
-    ("", "persistentvolumeclaims"): {"get", "list", "watch", "update"},
-    ("storage.k8s.io", "storageclasses"): {"get", "list", "watch"},
-    ("", "events"): {"list", "watch", "create", "update", "patch"},
-    ("storage.k8s.io", "csinodes"): {"get", "list", "watch"},
-    ("", "nodes"): {"get", "list", "watch"},
+    "csi-provisioner": {
+        ("", "persistentvolumes"): {"get", "list", "watch", "create", "delete"},
+        ("", "persistentvolumeclaims"): {"get", "list", "watch", "update"},
+        ("storage.k8s.io", "storageclasses"): {"get", "list", "watch"},
+        ("", "events"): {"list", "watch", "create", "update", "patch"},
+        ("storage.k8s.io", "csinodes"): {"get", "list", "watch"},
+        ("", "nodes"): {"get", "list", "watch"},
+        (SNAPSHOT_GROUP, "volumesnapshots"): {"get", "list"},
+        (SNAPSHOT_GROUP, "volumesnapshotcontents"): {"get", "list"},
+    },
+    "csi-snapshotter": {
+        ("", "events"): {"list", "watch", "create", "update", "patch"},
+        (SNAPSHOT_GROUP, "volumesnapshotclasses"): {"get", "list", "watch"},
+        (SNAPSHOT_GROUP, "volumesnapshotcontents"):
+            {"create", "get", "list", "watch", "update", "patch"},
+        (SNAPSHOT_GROUP, "volumesnapshotcontents/status"): {"update", "patch"},
+    },
+    "csi-resizer": {
+        ("", "persistentvolumes"): {"get", "list", "watch", "patch"},
+        ("", "persistentvolumeclaims"): {"get", "list", "watch"},
+        ("", "persistentvolumeclaims/status"): {"patch"},
+        ("", "pods"): {"get", "list", "watch"},
+        ("", "events"): {"list", "watch", "create", "update", "patch"},
+    },
 }
 NAMESPACE_RULES = {
     ("storage.k8s.io", "csistoragecapacities"):
         {"get", "list", "watch", "create", "update", "patch", "delete"},
     ("", "pods"): {"get"},
 }
+REGISTRY = "registry.k8s.io/sig-storage/"
 # Sidecars: image -> major version of the CSI 1.12-era releases.
 SIDECARS = {
-    "registry.k8s.io/sig-storage/csi-node-driver-registrar": 2,
-    "registry.k8s.io/sig-storage/livenessprobe": 2,
-    "registry.k8s.io/sig-storage/csi-provisioner": 5,
+    REGISTRY + "csi-node-driver-registrar": 2,
+    REGISTRY + "livenessprobe": 2,
+    REGISTRY + "csi-provisioner": 5,
+    REGISTRY + "csi-snapshotter": 8,
+    REGISTRY + "csi-resizer": 1,
 }
+# The sidecars the base's DaemonSet runs: all of them but the resizer,
+# which has no per-node mode (components/single-node-resizer adds it).
+BASE_SIDECARS = set(SIDECARS) - {REGISTRY + "csi-resizer"}
+RESIZER_SIDECARS = BASE_SIDECARS | {REGISTRY + "csi-resizer"}
 STRATA_IMAGE = "ghcr.io/strata-csi/strata"
 # Values the downward API would give, to expand $(VAR) as kubelet does.
 FIELD_SAMPLES = {
@@ -106,6 +138,18 @@ def base(kubectl):
 @pytest.fixture(scope="module")
 def examples(kubectl):
     return render(kubectl, K8S / "examples")
+
+
+@pytest.fixture(scope="module")
+def resizer(kubectl, tmp_path_factory):
+    """The driver with components/single-node-resizer, as its header says
+    to use it: an overlay naming the tree and the component."""
+    root = tmp_path_factory.mktemp("single-node-resizer")
+    rel = os.path.relpath(K8S, root)
+    (root / "kustomization.yaml").write_text(yaml.safe_dump({
+        "resources": [rel],
+        "components": [f"{rel}/components/single-node-resizer"]}))
+    return render(kubectl, root)
 
 
 @pytest.fixture(scope="session")
@@ -388,9 +432,10 @@ def check_plugin_args(docs, spec):
     return problems, argv
 
 
-def check_daemonset(docs):
+def check_daemonset(docs, want_sidecars=BASE_SIDECARS):
     """The node pod: privileges, propagation, devices, store, priority,
-    tolerations, resources, probes and the sockets the sidecars share."""
+    tolerations, resources, probes, the sockets the sidecars share, and
+    exactly the sidecars `want_sidecars` names (images)."""
     problems = []
     ds = one(docs, "DaemonSet")
     pod = ds["spec"]["template"]["spec"]
@@ -492,8 +537,9 @@ def check_daemonset(docs):
                 problems.append(f"{c['name']}: no --csi-address")
             else:
                 socket_of(c, addr.removeprefix("unix://"))
-    if set(sidecars) != {i.rsplit("/", 1)[1] for i in SIDECARS}:
-        problems.append(f"sidecars {sorted(sidecars)}, want {sorted(SIDECARS)}")
+    want = {i.rsplit("/", 1)[1] for i in want_sidecars}
+    if set(sidecars) != want:
+        problems.append(f"sidecars {sorted(sidecars)}, want {sorted(want)}")
         return problems
 
     reg = sidecars["csi-node-driver-registrar"]
@@ -540,6 +586,27 @@ def check_daemonset(docs):
                      ("POD_NAME", "metadata.name")):
         if penv.get(var, (None, None))[1] != ref:
             problems.append(f"provisioner: env {var} must come from {ref}")
+
+    # The snapshotter per node: it takes the contents labelled with
+    # $NODE_NAME, and exits without it or with leader election.
+    snap = sidecars["csi-snapshotter"]
+    if flag(snap, "--node-deployment") not in ("true", ""):
+        problems.append("snapshotter: --node-deployment=true missing")
+    if flag(snap, "--leader-election") in ("true", ""):
+        problems.append("snapshotter: --leader-election with --node-deployment "
+                        "(the sidecar refuses both)")
+    if container_env(snap).get("NODE_NAME", (None, None))[1] != "spec.nodeName":
+        problems.append("snapshotter: env NODE_NAME must come from spec.nodeName")
+
+    # The resizer, where a component adds it: no release knows
+    # --node-deployment (it would exit on the unknown flag).
+    rsz = sidecars.get("csi-resizer")
+    if rsz is not None:
+        if any(a.partition("=")[0] == "--node-deployment" for a in rsz.get("args", [])):
+            problems.append("resizer: --node-deployment is not a flag of any "
+                            "external-resizer release")
+        if flag(rsz, "--leader-election") in ("true", ""):
+            problems.append("resizer: leader election on, but no Role grants leases")
     return problems
 
 
@@ -586,8 +653,10 @@ def check_storageclass(docs):
             problems.append(f"StorageClass {n}: not WaitForFirstConsumer")
         if sc.get("reclaimPolicy") != "Delete":
             problems.append(f"StorageClass {n}: reclaimPolicy {sc.get('reclaimPolicy')}")
-        if sc.get("allowVolumeExpansion") is not False:
-            problems.append(f"StorageClass {n}: allowVolumeExpansion must be false")
+        # The plugin expands volumes online (EXPAND_VOLUME on both
+        # services); with false the API server refuses a larger request.
+        if sc.get("allowVolumeExpansion") is not True:
+            problems.append(f"StorageClass {n}: allowVolumeExpansion must be true")
         params = sc.get("parameters", {})
         for k in params:
             if k != "layers" and not k.startswith("csi.storage.k8s.io/"):
@@ -630,14 +699,18 @@ def check_rbac(docs):
                             rules.setdefault((g, res), set()).update(rule.get("verbs", []))
         return rules
 
-    for (kind, bkind, namespace, want) in (
-            ("ClusterRole", "ClusterRoleBinding", None, CLUSTER_RULES),
-            ("Role", "RoleBinding", ns, NAMESPACE_RULES)):
+    # Each sidecar in the pod needs its rules; they all share the pod's
+    # ServiceAccount, so what the roles bound to it grant together counts.
+    present = {c.get("name") for c in ds["spec"]["template"]["spec"]["containers"]}
+    wants = [(f"ClusterRole ({name})", "ClusterRole", "ClusterRoleBinding", None, rules)
+             for name, rules in CLUSTER_RULES.items() if name in present]
+    wants.append(("Role", "Role", "RoleBinding", ns, NAMESPACE_RULES))
+    for (what, kind, bkind, namespace, want) in wants:
         have = granted(kind, bkind, namespace)
         for key, verbs in want.items():
             missing = verbs - have.get(key, set())
             if missing:
-                problems.append(f"{kind}: {key[0] or 'core'}/{key[1]} lacks {sorted(missing)}")
+                problems.append(f"{what}: {key[0] or 'core'}/{key[1]} lacks {sorted(missing)}")
     prov = container(ds, "csi-provisioner")
     if "--capacity-ownerref-level=2" in prov.get("args", []) and \
             "get" not in granted("Role", "RoleBinding", ns).get(("apps", "replicasets"), set()):
@@ -700,6 +773,148 @@ def check_examples(docs):
     return problems
 
 
+def yaml_blocks(text, page):
+    """[(page:line of the opening fence, text)] of the ```yaml blocks of a
+    markdown page, indented ones (in a list item) included."""
+    out, lines, i = [], text.splitlines(), 0
+    while i < len(lines):
+        m = re.match(r"^(\s*)```yaml\s*$", lines[i])
+        i += 1
+        if not m:
+            continue
+        start, body = i, []
+        while i < len(lines) and lines[i].strip() != "```":
+            body.append(lines[i][len(m.group(1)):])
+            i += 1
+        out.append((f"{page}:{start}", "\n".join(body)))
+        i += 1
+    return out
+
+
+def quantity(q):
+    """A storage quantity in bytes (the binary and decimal suffixes)."""
+    m = re.fullmatch(r"(\d+)(Ki|Mi|Gi|Ti|k|M|G|T)?", str(q))
+    if not m:
+        return None
+    mult = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3,
+            "M": 10**6, "G": 10**9, "T": 10**12}.get(m.group(2), 1)
+    return int(m.group(1)) * mult
+
+
+def check_doc_yaml(blocks, base, examples):
+    """The objects the docs show, against the manifests: the StorageClass
+    is the base's, a VolumeSnapshotClass names the driver, snapshots and
+    claims name classes, claims and snapshots that exist (in the docs or
+    the examples, same namespace), a claim made from another asks for at
+    least its size, and a kustomization's components exist."""
+    problems = []
+    driver = one(base, "CSIDriver")["metadata"]["name"]
+    sc = copy.deepcopy(one(base, "StorageClass"))
+    sc["metadata"].pop("labels", None)
+    objs = []
+    for where, text in blocks:
+        try:
+            docs = [d for d in yaml.safe_load_all(text) if d is not None]
+        except yaml.YAMLError as e:
+            problems.append(f"{where}: not YAML: {e}")
+            continue
+        for d in docs:
+            if "components" in d or "resources" in d:
+                for c in d.get("components", []):
+                    tail = c.partition("packaging/kubernetes/")[2]
+                    if not tail or not (K8S / tail / "kustomization.yaml").is_file():
+                        problems.append(f"{where}: component {c} does not exist")
+            elif "kind" in d:
+                objs.append((where, d))
+
+    def ns(d):
+        return d["metadata"].get("namespace", "default")
+    claims = {(d["metadata"].get("namespace"), d["metadata"]["name"]): d
+              for d in examples if d["kind"] == "PersistentVolumeClaim"}
+    claims.update({(ns(d), d["metadata"]["name"]): d for _, d in objs
+                   if d["kind"] == "PersistentVolumeClaim"})
+    snaps = {(ns(d), d["metadata"]["name"]): d for _, d in objs
+             if d["kind"] == "VolumeSnapshot"}
+    snap_classes = {d["metadata"]["name"] for _, d in objs
+                    if d["kind"] == "VolumeSnapshotClass"}
+    classes = {d["metadata"]["name"] for d in base if d["kind"] == "StorageClass"}
+
+    def size(claim):
+        return quantity(claim["spec"].get("resources", {}).get("requests", {})
+                        .get("storage", ""))
+
+    for where, d in objs:
+        kind, name = d["kind"], d["metadata"].get("name")
+        if kind == "StorageClass":
+            if d != sc:
+                problems.append(f"{where}: StorageClass {name} is not the base's: {d}")
+        elif kind == "VolumeSnapshotClass":
+            if d.get("apiVersion") != "snapshot.storage.k8s.io/v1" or \
+                    d.get("driver") != driver or \
+                    d.get("deletionPolicy") not in ("Delete", "Retain"):
+                problems.append(f"{where}: VolumeSnapshotClass {name}: want "
+                                f"snapshot.storage.k8s.io/v1, driver {driver}, "
+                                "deletionPolicy Delete or Retain")
+        elif kind == "VolumeSnapshot":
+            spec = d.get("spec", {})
+            src = (ns(d), spec.get("source", {}).get("persistentVolumeClaimName"))
+            if d.get("apiVersion") != "snapshot.storage.k8s.io/v1":
+                problems.append(f"{where}: VolumeSnapshot {name}: apiVersion")
+            if spec.get("volumeSnapshotClassName") not in snap_classes:
+                problems.append(f"{where}: VolumeSnapshot {name}: no "
+                                f"VolumeSnapshotClass {spec.get('volumeSnapshotClassName')}")
+            if src not in claims:
+                problems.append(f"{where}: VolumeSnapshot {name}: no claim {src}")
+        elif kind == "PersistentVolumeClaim":
+            spec = d.get("spec", {})
+            if spec.get("storageClassName") not in classes:
+                problems.append(f"{where}: PVC {name}: no StorageClass "
+                                f"{spec.get('storageClassName')}")
+            if not set(spec.get("accessModes", [])) <= {"ReadWriteOnce",
+                                                        "ReadWriteOncePod"}:
+                problems.append(f"{where}: PVC {name}: access modes "
+                                f"{spec.get('accessModes')} (volumes are node-local)")
+            ds = spec.get("dataSource")
+            if ds is None:
+                continue
+            key = (ns(d), ds.get("name"))
+            if ds.get("kind") == "VolumeSnapshot" and \
+                    ds.get("apiGroup") == "snapshot.storage.k8s.io":
+                snap = snaps.get(key)
+                source = snap and claims.get(
+                    (key[0], snap["spec"]["source"].get("persistentVolumeClaimName")))
+            elif ds.get("kind") == "PersistentVolumeClaim" and not ds.get("apiGroup"):
+                source = claims.get(key)
+                # external-provisioner refuses a clone of another class
+                if source and source["spec"].get("storageClassName") != \
+                        spec.get("storageClassName"):
+                    problems.append(f"{where}: PVC {name}: a clone must be of "
+                                    "its source's StorageClass")
+            else:
+                problems.append(f"{where}: PVC {name}: dataSource {ds}: want a "
+                                "VolumeSnapshot (apiGroup snapshot.storage.k8s.io) "
+                                "or a PersistentVolumeClaim (no apiGroup)")
+                continue
+            if not source:
+                problems.append(f"{where}: PVC {name}: dataSource {ds} does not "
+                                "exist in the docs or the examples")
+            elif size(d) is None or size(source) is None:
+                problems.append(f"{where}: PVC {name}: a storage request this "
+                                "check cannot read (it and its source's)")
+            elif size(d) < size(source):
+                problems.append(f"{where}: PVC {name}: asks for less than its "
+                                "source (CreateVolume: OUT_OF_RANGE)")
+    return problems
+
+
+DOC_PAGES = ["docs/kubernetes.md", "docs/csi.md"]
+
+
+def doc_blocks():
+    return [b for page in DOC_PAGES
+            for b in yaml_blocks((REPO / page).read_text(), page)]
+
+
 def configure_version():
     m = re.search(r"AC_INIT\(\[[^]]*\],\s*\[([^]]+)\]",
                   (REPO / "configure.ac").read_text())
@@ -743,6 +958,17 @@ def test_rbac(base):
 
 def test_storageclass(base):
     assert check_storageclass(base) == []
+
+
+def test_docs_yaml(base, examples):
+    """The StorageClass, VolumeSnapshotClass, snapshot and claims the docs
+    show work with the manifests as rendered."""
+    blocks = doc_blocks()
+    kinds = {d.get("kind") for _, t in blocks for d in yaml.safe_load_all(t) if d}
+    # the checker must see what the docs promise, or it checks nothing
+    assert {"StorageClass", "VolumeSnapshotClass", "VolumeSnapshot",
+            "PersistentVolumeClaim"} <= kinds, kinds
+    assert check_doc_yaml(blocks, base, examples) == []
 
 
 def test_examples(examples):
@@ -790,6 +1016,64 @@ def test_kubelet_dir_component(kubectl, tmp_path):
     moved = yaml.safe_load(text.replace(root, KUBELET))
     assert check_daemonset([moved if d["kind"] == "DaemonSet" else d
                             for d in docs]) == []
+
+
+def without_container(docs, name):
+    docs = copy.deepcopy(docs)
+    pod = one(docs, "DaemonSet")["spec"]["template"]["spec"]
+    pod["containers"] = [c for c in pod["containers"] if c["name"] != name]
+    return docs
+
+
+def test_single_node_resizer_component(base, resizer):
+    """components/single-node-resizer adds the csi-resizer sidecar and its
+    RBAC, and changes nothing else of the base."""
+    assert check_kinds(resizer, RESIZER_KINDS) == []
+    assert check_daemonset(resizer, RESIZER_SIDECARS) == []
+    assert check_rbac(resizer) == []
+    assert check_images(resizer, configure_version()) == []
+    c = container(one(resizer, "DaemonSet"), "csi-resizer")
+    assert c["image"].startswith(REGISTRY + "csi-resizer:v1.")
+
+    def key(d):
+        return (d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"])
+    added = {key(d) for d in resizer} - {key(d) for d in base}
+    assert added == {("ClusterRole", None, "strata-external-resizer"),
+                     ("ClusterRoleBinding", None, "strata-external-resizer")}
+    got = {key(d): d for d in without_container(resizer, "csi-resizer")}
+    for d in base:
+        assert got.get(key(d)) == d, f"the component changes {key(d)}"
+
+
+def test_components_combine(kubectl, tmp_path, resizer):
+    """A one-node k0s: both components at once. The resizer reaches the
+    plugin's socket wherever kubelet-dir moves it."""
+    root = "/var/lib/k0s/kubelet"
+    rel = os.path.relpath(K8S, tmp_path)
+    (tmp_path / "kubelet-dir.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "strata-kubelet-dir", "annotations":
+                     {"config.kubernetes.io/local-config": "true"}},
+        "data": {"path": root}}))
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
+        "resources": [rel, "kubelet-dir.yaml"],
+        "components": [f"{rel}/components/kubelet-dir",
+                       f"{rel}/components/single-node-resizer"]}))
+    docs = render(kubectl, tmp_path)
+    assert check_kinds(docs, RESIZER_KINDS) == []
+    text = yaml.safe_dump(one(docs, "DaemonSet"))
+    assert KUBELET not in text
+    moved = yaml.safe_load(text.replace(root, KUBELET))
+    assert moved == one(resizer, "DaemonSet")
+    assert check_daemonset([moved if d["kind"] == "DaemonSet" else d
+                            for d in docs], RESIZER_SIDECARS) == []
+
+
+def test_base_has_no_resizer(base):
+    """Per node, a resizer would act on every node's claims."""
+    names = [c["name"] for c in one(base, "DaemonSet")["spec"]["template"]["spec"]["containers"]]
+    assert "csi-resizer" not in names
+    assert check_daemonset(base, RESIZER_SIDECARS)   # and the checker sees it
 
 
 # ------------------------------------------------ the checkers can fail
@@ -907,10 +1191,143 @@ def plugin_of(d):
     ("DaemonSet", lambda d: container(d, "liveness-probe")["args"].__setitem__(
         1, "--csi-address=/tmp/csi.sock"), "liveness-probe: /tmp/csi.sock"),
     ("DaemonSet", lambda d: plugin_of(d)["resources"].pop("limits"), "memory limit"),
+    ("DaemonSet", lambda d: container(d, "csi-snapshotter")["args"].remove(
+        "--node-deployment=true"), "snapshotter: --node-deployment=true missing"),
+    ("DaemonSet", lambda d: container(d, "csi-snapshotter")["args"].append(
+        "--leader-election"), "snapshotter: --leader-election"),
+    ("DaemonSet", lambda d: container(d, "csi-snapshotter").pop("env"),
+     "snapshotter: env NODE_NAME"),
+    ("DaemonSet", lambda d: container(d, "csi-snapshotter")["env"][0].update(
+        valueFrom={"fieldRef": {"fieldPath": "metadata.name"}}),
+     "snapshotter: env NODE_NAME"),
+    ("DaemonSet", lambda d: container(d, "csi-snapshotter").update(
+        image=REGISTRY + "csi-snapshotter"), "csi-snapshotter: image"),
+    ("DaemonSet", lambda d: container(d, "csi-snapshotter")["args"].__setitem__(
+        1, "--csi-address=/run/csi/socket"), "csi-snapshotter: /run/csi/socket"),
 ])
 def test_daemonset_checker_reports(base, kind, fn, expect):
     problems = check_daemonset(mutate(base, kind, fn))
     assert any(expect in p for p in problems), problems
+
+
+@pytest.mark.parametrize("fn, expect", [
+    (lambda d: container(d, "csi-resizer")["args"].append("--node-deployment=true"),
+     "resizer: --node-deployment is not a flag"),
+    (lambda d: container(d, "csi-resizer")["args"].__setitem__(
+        3, "--leader-election=true"), "resizer: leader election on"),
+])
+def test_daemonset_checker_reports_the_resizer(resizer, fn, expect):
+    problems = check_daemonset(mutate(resizer, "DaemonSet", fn), RESIZER_SIDECARS)
+    assert any(expect in p for p in problems), problems
+
+
+def drop_rule(resource):
+    def fn(d):
+        d["rules"] = [r for r in d["rules"] if resource not in r["resources"]]
+    return fn
+
+
+def test_rbac_checker_reports_each_sidecar(base, resizer):
+    """Each sidecar's rules are required while it is in the pod, and only
+    then."""
+    assert any("ClusterRole (csi-snapshotter): snapshot.storage.k8s.io/"
+               "volumesnapshotcontents/status lacks" in p for p in check_rbac(
+                   mutate(base, "ClusterRole", drop_rule("volumesnapshotcontents/status"))))
+    assert any("ClusterRole (csi-provisioner): snapshot.storage.k8s.io/"
+               "volumesnapshots lacks" in p for p in check_rbac(
+                   mutate(base, "ClusterRole", drop_rule("volumesnapshots"))))
+    # the component's role missing: the resizer cannot patch claims
+    no_role = [d for d in resizer if not (d["kind"] == "ClusterRole" and
+                                          d["metadata"]["name"] == "strata-external-resizer")]
+    assert any("ClusterRole (csi-resizer): core/persistentvolumeclaims/status lacks"
+               in p for p in check_rbac(no_role))
+    # ... bound to another ServiceAccount: the same
+    other = mutate(resizer, "ClusterRoleBinding", lambda d: d["metadata"]["name"] ==
+                   "strata-external-resizer" and d["subjects"][0].update(name="nobody"))
+    assert any("csi-resizer" in p for p in check_rbac(other))
+    # and without the resizer container, its rules are not asked for
+    assert check_rbac(without_container(no_role, "csi-resizer")) == []
+
+
+DOC_SNAPSHOT = """\
+apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshotClass
+metadata: {name: strata}
+driver: strata.csi.dev
+deletionPolicy: Delete
+---
+apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshot
+metadata: {name: s1, namespace: strata-examples}
+spec:
+  volumeSnapshotClassName: strata
+  source: {persistentVolumeClaimName: strata-demo}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: r1, namespace: strata-examples}
+spec:
+  storageClassName: strata
+  accessModes: [ReadWriteOnce]
+  resources: {requests: {storage: 1Gi}}
+  dataSource: {apiGroup: snapshot.storage.k8s.io, kind: VolumeSnapshot, name: s1}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: c1, namespace: strata-examples}
+spec:
+  storageClassName: strata
+  accessModes: [ReadWriteOnce]
+  resources: {requests: {storage: 1Gi}}
+  dataSource: {kind: PersistentVolumeClaim, name: strata-demo}
+"""
+
+
+@pytest.mark.parametrize("old, new, expect", [
+    (None, None, None),
+    ("driver: strata.csi.dev", "driver: other.csi.dev", "driver strata.csi.dev"),
+    ("volumeSnapshotClassName: strata", "volumeSnapshotClassName: x",
+     "no VolumeSnapshotClass x"),
+    ("persistentVolumeClaimName: strata-demo", "persistentVolumeClaimName: nope",
+     "no claim ('strata-examples', 'nope')"),
+    ("apiGroup: snapshot.storage.k8s.io, kind", "kind", "dataSource"),
+    ("name: s1}", "name: s2}", "does not exist"),
+    ("storage: 1Gi", "storage: 512Mi", "asks for less than its source"),
+    ("storage: 1Gi", "storage: 1.5Gi", "a storage request this check cannot read"),
+    ("storageClassName: strata", "storageClassName: fast", "no StorageClass fast"),
+    ("[ReadWriteOnce]", "[ReadWriteMany]", "node-local"),
+    ("name: c1, namespace: strata-examples}\nspec:\n  storageClassName: strata",
+     "name: c1, namespace: strata-examples}\nspec:\n  storageClassName: fast",
+     "a clone must be of its source's StorageClass"),
+    ("name: strata-demo}", "name: strata-demo-x}", "does not exist"),
+    ("metadata: {name: s1,", "metadata: [", "not YAML"),
+])
+def test_doc_yaml_checker_reports(base, examples, old, new, expect):
+    text = DOC_SNAPSHOT if old is None else DOC_SNAPSHOT.replace(old, new, 1)
+    assert text != DOC_SNAPSHOT or old is None
+    problems = check_doc_yaml([("t", text)], base, examples)
+    if expect is None:
+        assert problems == []
+    else:
+        assert any(expect in p for p in problems), problems
+
+
+def test_doc_yaml_checker_reports_the_class_and_components(base, examples):
+    sc = copy.deepcopy(one(base, "StorageClass"))
+    sc["metadata"].pop("labels", None)
+    assert check_doc_yaml([("t", yaml.safe_dump(sc))], base, examples) == []
+    sc["allowVolumeExpansion"] = False
+    assert any("not the base's" in p for p in check_doc_yaml(
+        [("t", yaml.safe_dump(sc))], base, examples))
+    good = "components:\n  - ../strata/packaging/kubernetes/components/single-node-resizer\n"
+    assert check_doc_yaml([("t", good)], base, examples) == []
+    assert any("does not exist" in p for p in check_doc_yaml(
+        [("t", good.replace("single-node-resizer", "resizer"))], base, examples))
+
+
+def test_yaml_blocks_reads_indented_blocks():
+    text = "a\n```yaml\nx: 1\n```\n- item:\n\n  ```yaml\n  y: 2\n  ```\n```sh\nz\n```\n"
+    assert yaml_blocks(text, "p") == [("p:2", "x: 1"), ("p:7", "y: 2")]
 
 
 def test_other_checkers_report(base, examples):
@@ -936,6 +1353,11 @@ def test_other_checkers_report(base, examples):
     assert any("v2.x.y" in p for p in check_images(mutate(
         base, "DaemonSet", lambda d: container(d, "liveness-probe").update(
             image="registry.k8s.io/sig-storage/livenessprobe:canary")), "0.1.0"))
+    assert any("want a v8.x.y" in p for p in check_images(mutate(
+        base, "DaemonSet", lambda d: container(d, "csi-snapshotter").update(
+            image=REGISTRY + "csi-snapshotter:v6.3.3")), "0.1.0"))
+    assert any("allowVolumeExpansion" in p for p in check_storageclass(
+        mutate(base, "StorageClass", lambda d: d.update(allowVolumeExpansion=False))))
     assert any("inline volume attributes" in p for p in check_examples(mutate(
         examples, "Pod", lambda d: d["spec"]["volumes"].append(
             {"name": "i", "csi": {"driver": DRIVER,
@@ -945,10 +1367,11 @@ def test_other_checkers_report(base, examples):
         lambda d: d["spec"].update(storageClassName="nope"))))
 
 
-def test_docs_name_the_rendered_images(base):
-    """docs/kubernetes.md tells the versions installed: keep it honest."""
+def test_docs_name_the_rendered_images(resizer):
+    """docs/kubernetes.md tells the versions installed, the component's
+    resizer included: keep it honest."""
     text = (REPO / "docs" / "kubernetes.md").read_text()
-    ds = one(base, "DaemonSet")
+    ds = one(resizer, "DaemonSet")
     for c in ds["spec"]["template"]["spec"]["containers"]:
         short = c["image"].rsplit("/", 1)[-1]
         assert short in text, f"docs/kubernetes.md does not name {short}"
