@@ -21,7 +21,8 @@
  * the first to the end to find every node and handle (sfs_shm_walk):
  * no list a dead worker may have left half-linked is followed. Freed
  * memory stays in the lists for reuse: the mapping is sparse, and only
- * what was ever used is resident.
+ * what was ever used is resident, but for big blocks, whose pages go
+ * back to the system when they are freed (sfs_shm_release).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -42,6 +43,14 @@ static const uint32_t sfs_shm_sizes[SFS_SHM_CLASSES] = {
 	4096, 8192, 16384, 32768, 65536, 1 << 17, 1 << 18, 1 << 19, 1 << 20,
 	1 << 21, 1 << 22, 1 << 23, 1 << 24, 1 << 25, 1 << 26,
 };
+
+/*
+ * A freed block this big gives its pages back to the system, all but
+ * the first (its header and the free list's link are there): a table
+ * that grew by doubling leaves every smaller one behind, and nothing
+ * else asks for their class again.
+ */
+#define SFS_SHM_RELEASE_MIN 8192
 
 struct sfs_shm_block {
 	uint32_t cls;		/* index into sfs_shm_sizes */
@@ -201,9 +210,27 @@ void *sfs_shm_alloc(size_t size)
 	if (!b)
 		return NULL;
 	SFS_TSAN_NEW(b->data, sfs_shm_sizes[cls] - sizeof(*b));
-	memset(b->data, 0, sfs_shm_sizes[cls] - sizeof(*b));
+	/* not the class's whole size: the rest of a big block stays unbacked */
+	memset(b->data, 0, size);
 	atomic_store(&b->tag, SFS_SHM_OTHER);
 	return b->data;
+}
+
+/*
+ * Punches the pages of a free block out of the memfd, past the page that
+ * holds its header. Nothing is lost if it fails: the pages stay, as
+ * before. A block carved later is zeroed where it is used (sfs_shm_alloc),
+ * which brings back only the pages it needs.
+ */
+static void sfs_shm_release(struct sfs_shm_block *b, size_t size)
+{
+	uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+	uintptr_t from = ((uintptr_t)b->data + sizeof(void *) + page - 1) &
+			 ~(page - 1);
+	uintptr_t to = ((uintptr_t)b + size) & ~(page - 1);
+
+	if (to > from)
+		madvise((void *)from, to - from, MADV_REMOVE);
 }
 
 void sfs_shm_free(void *p)
@@ -220,6 +247,8 @@ void sfs_shm_free(void *p)
 	b = sfs_shm_block(p);
 	cls = (int)b->cls;
 	atomic_store(&b->tag, SFS_SHM_FREE);
+	if (sfs_shm_sizes[cls] >= SFS_SHM_RELEASE_MIN)
+		sfs_shm_release(b, sfs_shm_sizes[cls]);
 	pthread_mutex_lock(&sfs_shm->lock[cls]);
 	*(struct sfs_shm_block **)b->data = sfs_shm->free[cls];
 	sfs_shm->free[cls] = b;
