@@ -37,11 +37,23 @@
 
 #define SFS_SHM_ALIGN 16
 
-/* Class i holds blocks of sfs_shm_sizes[i] bytes, header included. */
+/*
+ * Class i holds blocks of sfs_shm_sizes[i] bytes, header included. Up to
+ * 256 bytes a class every 8: a node is sized to its name (inode.c), and
+ * a tree holds one per entry, so the space a class rounds up to is paid
+ * per entry (3.5 MiB of a 130,000-entry tree's 25 MiB with classes 64
+ * bytes apart). The 24-byte class fits a parked entry's file handle (16
+ * bytes on ext4 and xfs).
+ */
+#define SFS_SHM_SMALL_STEP 8
+#define SFS_SHM_SMALL_MIN 24
+#define SFS_SHM_SMALL_MAX 256
 static const uint32_t sfs_shm_sizes[SFS_SHM_CLASSES] = {
-	32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048,
-	4096, 8192, 16384, 32768, 65536, 1 << 17, 1 << 18, 1 << 19, 1 << 20,
-	1 << 21, 1 << 22, 1 << 23, 1 << 24, 1 << 25, 1 << 26,
+	24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120, 128, 136,
+	144, 152, 160, 168, 176, 184, 192, 200, 208, 216, 224, 232, 240,
+	248, 256, 384, 512, 768, 1024, 1536, 2048, 4096, 8192, 16384,
+	32768, 65536, 1 << 17, 1 << 18, 1 << 19, 1 << 20, 1 << 21, 1 << 22,
+	1 << 23, 1 << 24, 1 << 25, 1 << 26,
 };
 
 /*
@@ -66,10 +78,21 @@ static size_t sfs_shm_first(void)
 	       ~(size_t)(SFS_SHM_ALIGN - 1);
 }
 
+/* FNV-1a, a byte at a time */
+static uint64_t sfs_shm_hash(uint64_t h, uint64_t v)
+{
+	for (int b = 0; b < 64; b += 8) {
+		h ^= (v >> b) & 0xff;
+		h *= 1099511628211ULL;
+	}
+	return h;
+}
+
 /*
  * What a binary takes for granted about state another one made: a binary
  * exec'd to take over (supervisor.c) refuses state of another layout.
- * Sizes catch most changes; SFS_SHM_VERSION is for the rest.
+ * Sizes (the classes' too) catch most changes; SFS_SHM_VERSION is for
+ * the rest.
  */
 static uint64_t sfs_shm_layout(void)
 {
@@ -82,10 +105,10 @@ static uint64_t sfs_shm_layout(void)
 	uint64_t h = 14695981039346656037ULL;	/* FNV-1a */
 
 	for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++)
-		for (int b = 0; b < 64; b += 8) {
-			h ^= (v[i] >> b) & 0xff;
-			h *= 1099511628211ULL;
-		}
+		h = sfs_shm_hash(h, v[i]);
+	/* blocks are walked by their class's size (sfs_shm_walk) */
+	for (int i = 0; i < SFS_SHM_CLASSES; i++)
+		h = sfs_shm_hash(h, sfs_shm_sizes[i]);
 	return h;
 }
 
@@ -155,6 +178,11 @@ int sfs_shm_attach(int fd, void *addr)
 static int sfs_shm_class(size_t size)
 {
 	size += sizeof(struct sfs_shm_block);
+	if (size <= SFS_SHM_SMALL_MIN)
+		return 0;
+	if (size <= SFS_SHM_SMALL_MAX)
+		return (int)((size - SFS_SHM_SMALL_MIN + SFS_SHM_SMALL_STEP - 1) /
+			     SFS_SHM_SMALL_STEP);
 	for (int i = 0; i < SFS_SHM_CLASSES; i++)
 		if (size <= sfs_shm_sizes[i])
 			return i;
