@@ -21,7 +21,8 @@
  * the first to the end to find every node and handle (sfs_shm_walk):
  * no list a dead worker may have left half-linked is followed. Freed
  * memory stays in the lists for reuse: the mapping is sparse, and only
- * what was ever used is resident.
+ * what was ever used is resident, but for big blocks, whose pages go
+ * back to the system when they are freed (sfs_shm_release).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -36,12 +37,32 @@
 
 #define SFS_SHM_ALIGN 16
 
-/* Class i holds blocks of sfs_shm_sizes[i] bytes, header included. */
+/*
+ * Class i holds blocks of sfs_shm_sizes[i] bytes, header included. Up to
+ * 256 bytes a class every 8: a node is sized to its name (inode.c), and
+ * a tree holds one per entry, so the space a class rounds up to is paid
+ * per entry (3.5 MiB of a 130,000-entry tree's 25 MiB with classes 64
+ * bytes apart). The 24-byte class fits a parked entry's file handle (16
+ * bytes on ext4 and xfs).
+ */
+#define SFS_SHM_SMALL_STEP 8
+#define SFS_SHM_SMALL_MIN 24
+#define SFS_SHM_SMALL_MAX 256
 static const uint32_t sfs_shm_sizes[SFS_SHM_CLASSES] = {
-	32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048,
-	4096, 8192, 16384, 32768, 65536, 1 << 17, 1 << 18, 1 << 19, 1 << 20,
-	1 << 21, 1 << 22, 1 << 23, 1 << 24, 1 << 25, 1 << 26,
+	24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120, 128, 136,
+	144, 152, 160, 168, 176, 184, 192, 200, 208, 216, 224, 232, 240,
+	248, 256, 384, 512, 768, 1024, 1536, 2048, 4096, 8192, 16384,
+	32768, 65536, 1 << 17, 1 << 18, 1 << 19, 1 << 20, 1 << 21, 1 << 22,
+	1 << 23, 1 << 24, 1 << 25, 1 << 26,
 };
+
+/*
+ * A freed block this big gives its pages back to the system, all but
+ * the first (its header and the free list's link are there): a table
+ * that grew by doubling leaves every smaller one behind, and nothing
+ * else asks for their class again.
+ */
+#define SFS_SHM_RELEASE_MIN 8192
 
 struct sfs_shm_block {
 	uint32_t cls;		/* index into sfs_shm_sizes */
@@ -57,10 +78,21 @@ static size_t sfs_shm_first(void)
 	       ~(size_t)(SFS_SHM_ALIGN - 1);
 }
 
+/* FNV-1a, a byte at a time */
+static uint64_t sfs_shm_hash(uint64_t h, uint64_t v)
+{
+	for (int b = 0; b < 64; b += 8) {
+		h ^= (v >> b) & 0xff;
+		h *= 1099511628211ULL;
+	}
+	return h;
+}
+
 /*
  * What a binary takes for granted about state another one made: a binary
  * exec'd to take over (supervisor.c) refuses state of another layout.
- * Sizes catch most changes; SFS_SHM_VERSION is for the rest.
+ * Sizes (the classes' too) catch most changes; SFS_SHM_VERSION is for
+ * the rest.
  */
 static uint64_t sfs_shm_layout(void)
 {
@@ -73,10 +105,10 @@ static uint64_t sfs_shm_layout(void)
 	uint64_t h = 14695981039346656037ULL;	/* FNV-1a */
 
 	for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++)
-		for (int b = 0; b < 64; b += 8) {
-			h ^= (v[i] >> b) & 0xff;
-			h *= 1099511628211ULL;
-		}
+		h = sfs_shm_hash(h, v[i]);
+	/* blocks are walked by their class's size (sfs_shm_walk) */
+	for (int i = 0; i < SFS_SHM_CLASSES; i++)
+		h = sfs_shm_hash(h, sfs_shm_sizes[i]);
 	return h;
 }
 
@@ -146,6 +178,11 @@ int sfs_shm_attach(int fd, void *addr)
 static int sfs_shm_class(size_t size)
 {
 	size += sizeof(struct sfs_shm_block);
+	if (size <= SFS_SHM_SMALL_MIN)
+		return 0;
+	if (size <= SFS_SHM_SMALL_MAX)
+		return (int)((size - SFS_SHM_SMALL_MIN + SFS_SHM_SMALL_STEP - 1) /
+			     SFS_SHM_SMALL_STEP);
 	for (int i = 0; i < SFS_SHM_CLASSES; i++)
 		if (size <= sfs_shm_sizes[i])
 			return i;
@@ -201,9 +238,27 @@ void *sfs_shm_alloc(size_t size)
 	if (!b)
 		return NULL;
 	SFS_TSAN_NEW(b->data, sfs_shm_sizes[cls] - sizeof(*b));
-	memset(b->data, 0, sfs_shm_sizes[cls] - sizeof(*b));
+	/* not the class's whole size: the rest of a big block stays unbacked */
+	memset(b->data, 0, size);
 	atomic_store(&b->tag, SFS_SHM_OTHER);
 	return b->data;
+}
+
+/*
+ * Punches the pages of a free block out of the memfd, past the page that
+ * holds its header. Nothing is lost if it fails: the pages stay, as
+ * before. A block carved later is zeroed where it is used (sfs_shm_alloc),
+ * which brings back only the pages it needs.
+ */
+static void sfs_shm_release(struct sfs_shm_block *b, size_t size)
+{
+	uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+	uintptr_t from = ((uintptr_t)b->data + sizeof(void *) + page - 1) &
+			 ~(page - 1);
+	uintptr_t to = ((uintptr_t)b + size) & ~(page - 1);
+
+	if (to > from)
+		madvise((void *)from, to - from, MADV_REMOVE);
 }
 
 void sfs_shm_free(void *p)
@@ -220,6 +275,8 @@ void sfs_shm_free(void *p)
 	b = sfs_shm_block(p);
 	cls = (int)b->cls;
 	atomic_store(&b->tag, SFS_SHM_FREE);
+	if (sfs_shm_sizes[cls] >= SFS_SHM_RELEASE_MIN)
+		sfs_shm_release(b, sfs_shm_sizes[cls]);
 	pthread_mutex_lock(&sfs_shm->lock[cls]);
 	*(struct sfs_shm_block **)b->data = sfs_shm->free[cls];
 	sfs_shm->free[cls] = b;

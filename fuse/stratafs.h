@@ -797,7 +797,7 @@ static inline void sfs_count(enum strata_stat what, uint64_t n)
  * too after an upgrade in place: change one, and bump SFS_SHM_VERSION.
  */
 #define SFS_SHM_VERSION 3
-#define SFS_SHM_CLASSES 28
+#define SFS_SHM_CLASSES 51
 /* The shared mapping's size: sparse, so only what is used is resident. */
 #define SFS_SHM_SIZE (64ULL << 30)
 

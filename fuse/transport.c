@@ -24,6 +24,7 @@
 #include <fcntl.h>
 #include <linux/fuse.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -145,11 +146,65 @@ static ssize_t sfs_hook_splice_send(int fdin, off_t *offin, int fdout,
 	return splice(fdin, offin, fdout, offout, len, flags);
 }
 
+/*
+ * Each libfuse thread reads requests into a buffer of its own, sized for
+ * the biggest write (1 MiB and a page), and keeps it for its life: once
+ * a thread has received a big write, the whole buffer stays resident,
+ * up to 16 MiB over the pool. Once the thread has served
+ * SFS_RX_QUIET requests in a row that each fit in SFS_RX_KEEP bytes,
+ * the pages past that go back to the system (MADV_DONTNEED; the next
+ * big write faults them in again, zeroed). Counted in requests, not
+ * time: a thread that serves writes keeps its pages, and one that went
+ * back to lookups gives them up within a walk.
+ */
+#define SFS_RX_KEEP (16 << 10)
+#define SFS_RX_QUIET 1024
+
+static __thread struct {
+	char *buf;		/* the thread's buffer, as libfuse gave it */
+	size_t used;		/* bytes of it a request may have touched */
+	unsigned quiet;		/* small requests since */
+} sfs_rx;
+
+static void sfs_rx_release(char *buf, size_t n)
+{
+	uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+	uintptr_t from, to;
+
+	if (buf != sfs_rx.buf) {
+		sfs_rx.buf = buf;
+		sfs_rx.used = 0;
+	}
+	if (n > SFS_RX_KEEP) {
+		if (n > sfs_rx.used)
+			sfs_rx.used = n;
+		sfs_rx.quiet = 0;
+		return;
+	}
+	if (sfs_rx.used <= SFS_RX_KEEP || ++sfs_rx.quiet < SFS_RX_QUIET)
+		return;
+	from = ((uintptr_t)buf + SFS_RX_KEEP + page - 1) & ~(page - 1);
+	to = ((uintptr_t)buf + sfs_rx.used) & ~(page - 1);
+	if (to > from)
+		madvise((void *)from, to - from, MADV_DONTNEED);
+	sfs_rx.used = 0;
+}
+
+static ssize_t sfs_hook_read_rx(int fd, void *buf, size_t len,
+				void *userdata)
+{
+	ssize_t n = sfs_hook_read(fd, buf, len, userdata);
+
+	if (n > 0)
+		sfs_rx_release(buf, (size_t)n);
+	return n;
+}
+
 /* Before INIT: libfuse offers splicing by what the hooks provide. */
 int sfs_transport_setup(struct fuse_session *se)
 {
 	static const struct fuse_custom_io io = {
-		.read = sfs_hook_read,
+		.read = sfs_hook_read_rx,
 		.writev = sfs_hook_writev,
 		.splice_send = sfs_hook_splice_send,
 	};

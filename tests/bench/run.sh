@@ -284,17 +284,46 @@ prewarm() { run_cmd cat "$1" >/dev/null 2>&1; }
 # the bottom lower layer itself (it holds the whole merged content) and
 # writes to a plain directory beside it: the physical limit.
 
-find_daemon() { # find_daemon MOUNTPOINT: pid of the FUSE daemon serving it
-	local p
+# find_daemon MOUNTPOINT: pid of the FUSE daemon serving it: the process
+# that was started. stratafs's worker is a clone of its supervisor with
+# the same command line; the one whose parent is not a daemon of the
+# same mount is the supervisor (killing it stops the worker too).
+find_daemon() {
+	local p c pids=() ppid
 	for p in /proc/[0-9]*; do
-		case $(tr '\0' '\n' 2>/dev/null <"$p/cmdline" | head -n1) in
+		c=$(tr '\0' '\n' 2>/dev/null <"$p/cmdline") || continue
+		case ${c%%$'\n'*} in
 		*stratafs | fuse-overlayfs | */fuse-overlayfs) ;;
 		*) continue ;;
 		esac
-		tr '\0' '\n' 2>/dev/null <"$p/cmdline" | grep -qxF "$1" &&
-			{ echo "${p#/proc/}"; return 0; }
+		grep -qxF "$1" <<<"$c" && pids+=("${p#/proc/}")
+	done
+	for p in "${pids[@]}"; do
+		ppid=$(awk '/^PPid:/ { print $2 }' "/proc/$p/status" 2>/dev/null)
+		[[ " ${pids[*]} " == *" $ppid "* ]] || { echo "$p"; return 0; }
 	done
 	return 1
+}
+
+# daemon_rss PID: the memory of the daemon PID and its children (stratafs:
+# the supervisor and its worker) in MiB, as the sum of their Pss: pages
+# they share (the worker's state in the shared-memory arena is mapped by
+# both, pages the clone left shared) count once, and shared libraries by
+# their share. Prints it, then each process's VmRSS (the daemon's first,
+# comma separated).
+daemon_rss() {
+	local p pids=("$1") each=""
+	for p in /proc/[0-9]*; do
+		[ "$(awk '/^PPid:/ { print $2 }' "$p/status" 2>/dev/null)" = "$1" ] &&
+			pids+=("${p#/proc/}")
+	done
+	for p in "${pids[@]}"; do
+		each+="${each:+,}$(awk '/^VmRSS:/ { printf "%.1f", $2 / 1024 }' \
+			"/proc/$p/status" 2>/dev/null)"
+	done
+	(for p in "${pids[@]}"; do cat "/proc/$p/smaps_rollup"; done) 2>/dev/null |
+		awk -v each="$each" '/^Pss:/ { s += $2; n++ }
+			END { if (n) printf "%.1f %s\n", s / 1024, each }'
 }
 
 mounted() { awk -v m="$1" '$5 == m { f = 1 } END { exit !f }' /proc/self/mountinfo; }
@@ -486,9 +515,10 @@ wl_meta() {
 	rm -rf "$d"
 }
 
-# find and du -s over the tree, cold then warm; then the daemon's RSS.
+# find and du -s over the tree, cold then warm; then the daemon's memory
+# (daemon_rss).
 wl_walk() {
-	local t=$1 r=$2 d=${RROOT[$1]}/tree rss
+	local t=$1 r=$2 d=${RROOT[$1]}/tree rss each
 	drop_caches
 	timed find-cold "$t" "$r" "find '$d' >/dev/null"
 	timed find-warm "$t" "$r" "find '$d' >/dev/null"
@@ -496,9 +526,10 @@ wl_walk() {
 	timed du-cold "$t" "$r" "du -s '$d' >/dev/null"
 	timed du-warm "$t" "$r" "du -s '$d' >/dev/null"
 	if [ -n "${PID[$t]:-}" ]; then
-		rss=$(awk '/^VmRSS:/ { printf "%.1f", $2 / 1024 }' "/proc/${PID[$t]}/status" 2>/dev/null)
+		read -r rss each < <(daemon_rss "${PID[$t]}")
 		if [ -n "$rss" ]; then
-			record rss-after-walk "$t" "$r" "$rss"
+			record rss-after-walk "$t" "$r" "$rss" "\"vmrss_mib\":[$each]"
+			log "  VmRSS of each process (MiB, the daemon's first): $each"
 		else
 			fail rss-after-walk "$t" "$r" "daemon ${PID[$t]} is gone"
 		fi

@@ -58,7 +58,7 @@ METRICS = [
     ("tar-extract", "tar", "tar -x of the tree into the merged view + sync", "s", False),
     ("tar-out-cold", "tar", "tar -c of the lower tree to a pipe, cold", "s", False),
     ("mount", "mount", "mount until the first lookup answers", "s", False),
-    ("rss-after-walk", "walk", "daemon RSS after the walks (VmRSS)", "MiB", False),
+    ("rss-after-walk", "walk", "daemon memory after the walks (Pss of all its processes)", "MiB", False),
 ]
 # Metrics that are not performance: no chart bars for them.
 NOT_CHARTED = {"rss-after-walk"}
