@@ -642,7 +642,9 @@ def check_csidriver(docs):
     return problems
 
 
-def check_storageclass(docs):
+def check_storageclass(docs, expansion=False):
+    """EXPANSION: whether the class must allow expansion (true only with
+    components/single-node-resizer, which runs the resizer)."""
     problems = []
     driver = one(docs, "CSIDriver")["metadata"]["name"]
     for sc in (d for d in docs if d["kind"] == "StorageClass"):
@@ -654,9 +656,11 @@ def check_storageclass(docs):
         if sc.get("reclaimPolicy") != "Delete":
             problems.append(f"StorageClass {n}: reclaimPolicy {sc.get('reclaimPolicy')}")
         # The plugin expands volumes online (EXPAND_VOLUME on both
-        # services); with false the API server refuses a larger request.
-        if sc.get("allowVolumeExpansion") is not True:
-            problems.append(f"StorageClass {n}: allowVolumeExpansion must be true")
+        # services), but only a resizer calls it: without one, false makes
+        # the API server refuse a larger request instead of taking it.
+        if sc.get("allowVolumeExpansion") is not expansion:
+            problems.append(f"StorageClass {n}: allowVolumeExpansion must be "
+                            f"{str(expansion).lower()}")
         params = sc.get("parameters", {})
         for k in params:
             if k != "layers" and not k.startswith("csi.storage.k8s.io/"):
@@ -1032,6 +1036,7 @@ def test_single_node_resizer_component(base, resizer):
     assert check_daemonset(resizer, RESIZER_SIDECARS) == []
     assert check_rbac(resizer) == []
     assert check_images(resizer, configure_version()) == []
+    assert check_storageclass(resizer, expansion=True) == []
     c = container(one(resizer, "DaemonSet"), "csi-resizer")
     assert c["image"].startswith(REGISTRY + "csi-resizer:v1.")
 
@@ -1042,6 +1047,8 @@ def test_single_node_resizer_component(base, resizer):
                      ("ClusterRoleBinding", None, "strata-external-resizer")}
     got = {key(d): d for d in without_container(resizer, "csi-resizer")}
     for d in base:
+        if d["kind"] == "StorageClass":
+            d = dict(d, allowVolumeExpansion=True)
         assert got.get(key(d)) == d, f"the component changes {key(d)}"
 
 
@@ -1316,7 +1323,7 @@ def test_doc_yaml_checker_reports_the_class_and_components(base, examples):
     sc = copy.deepcopy(one(base, "StorageClass"))
     sc["metadata"].pop("labels", None)
     assert check_doc_yaml([("t", yaml.safe_dump(sc))], base, examples) == []
-    sc["allowVolumeExpansion"] = False
+    sc["allowVolumeExpansion"] = True
     assert any("not the base's" in p for p in check_doc_yaml(
         [("t", yaml.safe_dump(sc))], base, examples))
     good = "components:\n  - ../strata/packaging/kubernetes/components/single-node-resizer\n"
@@ -1357,7 +1364,9 @@ def test_other_checkers_report(base, examples):
         base, "DaemonSet", lambda d: container(d, "csi-snapshotter").update(
             image=REGISTRY + "csi-snapshotter:v6.3.3")), "0.1.0"))
     assert any("allowVolumeExpansion" in p for p in check_storageclass(
-        mutate(base, "StorageClass", lambda d: d.update(allowVolumeExpansion=False))))
+        mutate(base, "StorageClass", lambda d: d.update(allowVolumeExpansion=True))))
+    assert any("allowVolumeExpansion" in p for p in check_storageclass(
+        base, expansion=True))
     assert any("inline volume attributes" in p for p in check_examples(mutate(
         examples, "Pod", lambda d: d["spec"]["volumes"].append(
             {"name": "i", "csi": {"driver": DRIVER,
