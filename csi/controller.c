@@ -485,15 +485,7 @@ static void csi_validate_caps(struct csi_plugin *p, const ProtobufCMessage *msg,
 	csi_reply_ok(r, out);
 }
 
-static int csi_strcmp_p(const void *a, const void *b)
-{
-	return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
-/*
- * Pages are in id order and a token is the last id handed out, so a
- * volume created or deleted between pages never shifts the others.
- */
+/* Pages in id order (csi_page_first). */
 static void csi_list_volumes(struct csi_plugin *p, const ProtobufCMessage *msg,
 			     struct csi_reply *r)
 {
@@ -518,10 +510,7 @@ static void csi_list_volumes(struct csi_plugin *p, const ProtobufCMessage *msg,
 		csi_reply_errno(r, ret, "listing the store");
 		return;
 	}
-	qsort(ids, n, sizeof(*ids), csi_strcmp_p);
-	while (req->starting_token[0] && first < n &&
-	       strcmp(ids[first], req->starting_token) <= 0)
-		first++;
+	first = csi_page_first(ids, n, req->starting_token);
 	out = csi_alloc(r, sizeof(*out));
 	if (!out)
 		goto out_nomem;

@@ -415,6 +415,7 @@ int csi_volume_save(struct csi_store *s, const struct csi_volume *v);
 int csi_volume_served(struct csi_store *s, const char *id);
 int csi_volume_delete(struct csi_store *s, const char *id);
 int csi_store_scan(int dirfd, const char *suffix, char ***ids, int *count);
+int csi_page_first(char **ids, int n, const char *token);
 int csi_volume_list(struct csi_store *s, char ***ids, int *count);
 void csi_volume_free(struct csi_volume *v);
 int csi_layer_open(struct csi_store *s, const char *name);

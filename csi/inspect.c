@@ -216,11 +216,6 @@ out:
 	return ret;
 }
 
-static int csi_inspect_cmp(const void *a, const void *b)
-{
-	return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
 void csi_admin_list_volume_states(struct csi_plugin *p,
 				  const ProtobufCMessage *msg,
 				  struct csi_reply *r)
@@ -242,7 +237,7 @@ void csi_admin_list_volume_states(struct csi_plugin *p,
 	out->volumes = csi_alloc(r, (n + 1) * sizeof(*out->volumes));
 	if (!out->volumes)
 		goto out_nomem;
-	qsort(ids, n, sizeof(*ids), csi_inspect_cmp);
+	csi_page_first(ids, n, "");
 	for (int i = 0; i < n; i++) {
 		Strata__V1__VolumeState *s;
 

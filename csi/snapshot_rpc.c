@@ -239,15 +239,7 @@ static void csi_get_snapshot(struct csi_plugin *p, const ProtobufCMessage *msg,
 		csi_reply_ok(r, out);
 }
 
-static int csi_strcmp_p(const void *a, const void *b)
-{
-	return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
-/*
- * Pages in id order; a token is the last id handed out, so a snapshot
- * taken or deleted between pages never shifts the others.
- */
+/* Pages in id order (csi_page_first). */
 static void csi_list_snapshots(struct csi_plugin *p,
 			       const ProtobufCMessage *msg,
 			       struct csi_reply *r)
@@ -274,11 +266,7 @@ static void csi_list_snapshots(struct csi_plugin *p,
 		csi_reply_errno(r, ret, "listing the snapshots");
 		return;
 	}
-	if (n)
-		qsort(ids, n, sizeof(*ids), csi_strcmp_p);
-	while (req->starting_token[0] && first < n &&
-	       strcmp(ids[first], req->starting_token) <= 0)
-		first++;
+	first = csi_page_first(ids, n, req->starting_token);
 	out = csi_alloc(r, sizeof(*out));
 	if (!out)
 		goto out_nomem;

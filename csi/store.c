@@ -310,6 +310,28 @@ int csi_volume_load(struct csi_store *s, const char *id, struct csi_volume *v)
 	return ret;
 }
 
+static int csi_strcmp_p(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/*
+ * Sorts a listing's ids, and returns the index of the first one after
+ * TOKEN ("" for the start). Pages go in id order and a token is the last
+ * id a page handed out, so an entry made or removed between pages never
+ * shifts the others.
+ */
+int csi_page_first(char **ids, int n, const char *token)
+{
+	int first = 0;
+
+	if (n)
+		qsort(ids, n, sizeof(*ids), csi_strcmp_p);
+	while (token[0] && first < n && strcmp(ids[first], token) <= 0)
+		first++;
+	return first;
+}
+
 /* The volume ids named in a directory, as "<id><suffix>". */
 int csi_store_scan(int dirfd, const char *suffix, char ***ids, int *count)
 {
