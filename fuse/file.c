@@ -192,7 +192,7 @@ static bool sfs_req_in_group(fuse_req_t req, gid_t gid)
 }
 
 /* Whether the file at fd has a file capability: 1, 0, or a negative errno. */
-int sfs_file_has_caps(int fd)
+static int sfs_file_has_caps(int fd)
 {
 	if (fgetxattr(fd, "security.capability", NULL, 0) >= 0)
 		return 1;

@@ -57,21 +57,17 @@ struct sfs_open_out {
 	int32_t backing_id;
 };
 
-/* Whether writes through f could have a privilege to drop. */
-static bool sfs_pass_privileged(struct sfs_file *f)
+bool sfs_pass_wanted(void)
 {
-	struct stat st;
+	const struct sfs_params *p = &sfs->params;
+	uint64_t cap = 0;
 
-	if (atomic_load(&f->node->nosec))
-		return false;
-	if (fstat(f->fd, &st) < 0 || (st.st_mode & (S_ISUID | S_ISGID)))
-		return true;
-	/* an error counts as one: the daemon then sees every write */
-	if (sfs_file_has_caps(f->fd) != 0)
-		return true;
-	/* as a write would have found: later writes and opens skip the check */
-	atomic_store(&f->node->nosec, true);
-	return false;
+	if (p->passthrough != SFS_PASS_DEFAULT)
+		return p->passthrough == SFS_PASS_ASKED;
+	/* parsed and checked at start (params.c) */
+	if (p->capacity)
+		sfs_usage_parse(p->capacity, &cap);
+	return p->upperdir && !cap;
 }
 
 /* A backing id for fd, or 0 when the kernel refuses it. */
@@ -87,10 +83,12 @@ static int sfs_pass_register(int fd)
 		strata_debug("passthrough refused (%s): through the daemon",
 			     strerror(errno));
 	else if (atomic_exchange(&sfs->passthrough, false))
-		strata_warn("passthrough refused (%s%s): file data goes through "
-			    "the daemon", strerror(errno),
-			    errno == EPERM ? ", it needs CAP_SYS_ADMIN" :
-			    errno == ELOOP ? ", a layer is stacked already" : "");
+		strata_log(sfs->params.passthrough == SFS_PASS_ASKED ?
+			   STRATA_LOG_WARN : STRATA_LOG_INFO,
+			   "passthrough refused (%s%s): file data goes through "
+			   "the daemon", strerror(errno),
+			   errno == EPERM ? ", it needs CAP_SYS_ADMIN" :
+			   errno == ELOOP ? ", a layer is stacked already" : "");
 	return 0;
 }
 
@@ -104,8 +102,14 @@ int sfs_pass_open(struct sfs_file *f)
 		return 0;
 	sfs_lock(&n->lock);
 	if (n->npass == 0) {
-		/* another handle is open without: this one must be too */
-		if (atomic_load(&n->nopen) > 1 || sfs_pass_privileged(f))
+		/*
+		 * Another handle is open without: this one must be too. An
+		 * O_APPEND handle stays with the daemon: its backing file
+		 * would be opened O_APPEND as well, and an F_SETFL that
+		 * clears the flag later never reaches it (adding it does:
+		 * the kernel passes the user file's append on per write).
+		 */
+		if (atomic_load(&n->nopen) > 1 || (f->flags & O_APPEND))
 			goto out;
 		n->backing = sfs_pass_register(f->fd);
 		if (!n->backing)
@@ -146,8 +150,6 @@ bool sfs_pass_keep_cache(struct sfs_node *n)
 {
 	bool keep;
 
-	if (!sfs->params.passthrough)
-		return true;
 	/*
 	 * Passthrough writes bypass the page cache of the FUSE inode: pages
 	 * it kept from before are stale, and the next ordinary open drops
