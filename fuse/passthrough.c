@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 /*
- * passthrough.c: "-o passthrough", file data that never reaches the
- * daemon.
+ * passthrough.c: file data that never reaches the daemon. On by default
+ * where the kernel and our privileges allow it; "-o nopassthrough" turns
+ * it off, and so does capacity= (a limit needs the daemon to see every
+ * write; asked for together, the two are refused at mount).
  *
  * When an OPEN or CREATE reply carries FOPEN_PASSTHROUGH and the id of a
  * backing file (registered with FUSE_DEV_IOC_BACKING_OPEN), the kernel
@@ -11,17 +13,21 @@
  * file's. libfuse 3.14 knows nothing of it, so handshake.c negotiates it
  * and the replies are built here.
  *
- * Only files already in the upper layer go through, and only ones with
- * no setuid, setgid or capability to drop: the kernel writes a backing
- * file with the daemon's credentials, and leaves dropping privileges to
- * the daemon (HANDLE_KILLPRIV_V2), which never sees those writes. Lower
- * files stay with the daemon so that a read-only handle follows a later
- * copy-up (a backing file is fixed for the life of the handle).
+ * Only files already in the upper layer go through: lower files stay
+ * with the daemon so that a read-only handle follows a later copy-up (a
+ * backing file is fixed for the life of the handle).
  *
- * One gap is left: a file that gains setuid, setgid or a capability
- * while it has passthrough handles keeps handles opened meanwhile in
- * passthrough, and writes through them do not drop it
- * (docs/fuse-settings.md says so).
+ * Privileges are dropped as the kernel would, though the kernel writes
+ * the backing file with the daemon's credentials: every kernel with FUSE
+ * passthrough writes through backing_file_write_iter (fs/backing-file.c,
+ * Linux 6.8+), which first removes privileges on the FUSE file with the
+ * writer's own credentials. Under HANDLE_KILLPRIV_V2 that arrives as a
+ * SETATTR without bits, which sfs_setattr answers with the writer's rule;
+ * the upper filesystem drops a file capability on any write itself. So
+ * files with setuid, setgid or a capability pass through as well, and one
+ * that gains them while open loses them at the next write, whoever holds
+ * the handle (tests/integration/test_passthrough.py, against kernel
+ * overlayfs).
  *
  * The kernel fails (EIO) an open that disagrees with the inode's other
  * open files: all passthrough with the same backing id, or none. So a
