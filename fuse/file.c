@@ -261,7 +261,7 @@ static int sfs_file_killpriv(fuse_req_t req, struct sfs_file *f)
 int sfs_file_reply(fuse_req_t req, struct sfs_file *f,
 		   struct fuse_file_info *fi, const struct fuse_entry_param *e)
 {
-	int backing = sfs_pass_open(f);
+	int backing = sfs_pass_open(f, fi->flags);
 
 	fi->fh = sfs_file_handle(f);
 	if (backing)

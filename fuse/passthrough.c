@@ -29,6 +29,12 @@
  * the handle (tests/integration/test_passthrough.py, against kernel
  * overlayfs).
  *
+ * The kernel's reads and writes pass the statistics' counters by too.
+ * What can be counted is counted at open and last close: the handles
+ * (passthrough_opens), and, as bytes written, what a file grew by while
+ * it had passthrough writers. Overwrites in place and reads are not
+ * seen; no kernel counter tells them per file.
+ *
  * The kernel fails (EIO) an open that disagrees with the inode's other
  * open files: all passthrough with the same backing id, or none. So a
  * node's first handle decides for every handle opened while it is open,
@@ -40,6 +46,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
 
 #include "stratafs.h"
@@ -98,9 +105,11 @@ static int sfs_pass_register(int fd)
 	return 0;
 }
 
-int sfs_pass_open(struct sfs_file *f)
+/* OPEN_FLAGS: the open(2) flags, which f->flags keeps only in part */
+int sfs_pass_open(struct sfs_file *f, int open_flags)
 {
 	struct sfs_node *n = f->node;
+	struct stat st;
 	int id = 0;
 
 	if (!atomic_load(&sfs->passthrough) || !S_ISREG(n->type) ||
@@ -110,12 +119,13 @@ int sfs_pass_open(struct sfs_file *f)
 	if (n->npass == 0) {
 		/*
 		 * Another handle is open without: this one must be too. An
-		 * O_APPEND handle stays with the daemon: its backing file
-		 * would be opened O_APPEND as well, and an F_SETFL that
-		 * clears the flag later never reaches it (adding it does:
-		 * the kernel passes the user file's append on per write).
+		 * O_APPEND handle stays with the daemon: the kernel opens
+		 * the backing file with the open's own flags, and an F_SETFL
+		 * that clears O_APPEND later never reaches it (adding it
+		 * does: the kernel passes the user file's append on per
+		 * write).
 		 */
-		if (atomic_load(&n->nopen) > 1 || (f->flags & O_APPEND))
+		if (atomic_load(&n->nopen) > 1 || (open_flags & O_APPEND))
 			goto out;
 		n->backing = sfs_pass_register(f->fd);
 		if (!n->backing)
@@ -124,9 +134,15 @@ int sfs_pass_open(struct sfs_file *f)
 	}
 	n->npass++;
 	f->passthrough = true;
+	sfs_count(STRATA_ST_PASS_OPENS, 1);
 	/* the kernel writes it without us: as if written from now on */
-	if ((f->flags & O_ACCMODE) != O_RDONLY)
+	if ((f->flags & O_ACCMODE) != O_RDONLY) {
 		atomic_fetch_add(&n->dirty, 1);
+		if (!n->pass_wrote && fstat(f->fd, &st) == 0) {
+			n->pass_size = st.st_size;
+			n->pass_wrote = true;
+		}
+	}
 	id = n->backing;
 out:
 	sfs_unlock(&n->lock);
@@ -136,12 +152,18 @@ out:
 void sfs_pass_release(struct sfs_file *f)
 {
 	struct sfs_node *n = f->node;
+	struct stat st;
 	uint32_t id;
 
 	if (!f->passthrough)
 		return;
 	sfs_lock(&n->lock);
 	if (--n->npass == 0) {
+		if (n->pass_wrote && fstat(f->fd, &st) == 0 &&
+		    st.st_size > n->pass_size)
+			sfs_count(STRATA_ST_WRITE_BYTES,
+				  (uint64_t)(st.st_size - n->pass_size));
+		n->pass_wrote = false;
 		id = n->backing;
 		n->backing = 0;
 		/* after the session, the ids went with the connection */

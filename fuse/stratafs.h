@@ -204,10 +204,12 @@ struct sfs_node {
 	/* the upper file's st_blocks as usage.c last counted it; -1 unknown */
 	_Atomic int64_t ublocks;
 	bool pass_used;		/* lock: passthrough since the last cached open */
+	bool pass_wrote;	/* lock: a passthrough writer since npass was 0 */
 	uint8_t nlower;		/* const, but for a freeze (freeze.c) */
 	uint8_t lower_room;	/* const: entries the node's own allocation holds */
 	int32_t backing;	/* lock: passthrough backing id while npass */
 	uint32_t npass;		/* lock: open passthrough handles */
+	int64_t pass_size;	/* lock: the file's size when pass_wrote began */
 	struct sfs_entry up;	/* the upper entry, once has_upper */
 	/*
 	 * nlower entries: in the node's own allocation (lower_room of them,
@@ -627,7 +629,7 @@ int sfs_tmp_clear(void);
 int sfs_probe_rename_whiteout(int tmpfd);
 
 /* passthrough.c */
-int sfs_pass_open(struct sfs_file *f);
+int sfs_pass_open(struct sfs_file *f, int open_flags);
 void sfs_pass_release(struct sfs_file *f);
 bool sfs_pass_keep_cache(struct sfs_node *n);
 bool sfs_pass_wanted(void);
@@ -803,7 +805,7 @@ static inline void sfs_count(enum strata_stat what, uint64_t n)
  * (sfs_fs, sfs_node and its parts, sfs_file) is read by the next binary
  * too after an upgrade in place: change one, and bump SFS_SHM_VERSION.
  */
-#define SFS_SHM_VERSION 3
+#define SFS_SHM_VERSION 4
 #define SFS_SHM_CLASSES 51
 /* The shared mapping's size: sparse, so only what is used is resident. */
 #define SFS_SHM_SIZE (64ULL << 30)

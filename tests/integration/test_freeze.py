@@ -487,17 +487,25 @@ def test_passthrough_writer_refused(stratafs_only, tmp_path):
     with open(u.path("pt"), "w") as f:
         f.write("x")
     fd = os.open(u.path("pt"), os.O_WRONLY)
+    r = None
     try:
         status, text = freeze(u, tmp_path / "f", released=False)
         assert status == -errno.EBUSY and "passthrough" in text
         unchanged(u, upper_ino, tmp_path / "f")
+        # a reader's backing file is the upper one too, and a writer
+        # opened after the freeze would be given it. Opened while the
+        # writer is, so that it is surely a passthrough handle (alone,
+        # it could meet the writer's RELEASE half done: then it is the
+        # daemon's, which a freeze takes)
+        r = os.open(u.path("pt"), os.O_RDONLY)
     finally:
         os.close(fd)
-    # a reader's backing file is the upper one too, and a writer opened
-    # after the freeze would be given it
-    r = os.open(u.path("pt"), os.O_RDONLY)
     try:
-        status, text = freeze(u, tmp_path / "f", released=False)
+        for _ in range(200):        # until the writer's RELEASE is in
+            status, text = freeze(u, tmp_path / "f", released=False)
+            if "(0 for writing)" in text:
+                break
+            time.sleep(0.01)
         assert status == -errno.EBUSY and "(0 for writing)" in text
         unchanged(u, upper_ino, tmp_path / "f")
     finally:

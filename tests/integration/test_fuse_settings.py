@@ -75,17 +75,18 @@ def test_passthrough_data_skips_the_daemon(stratafs_only):
     assert read_bytes(u.path("new")) == data
 
 
-def test_passthrough_leaves_lower_files_to_the_daemon(stratafs_only):
+def test_passthrough_leaves_lower_files_and_appenders_to_the_daemon(stratafs_only):
     u = passthrough_union(stratafs_only, lowers=[{"low": "lower data"}],
                           upper={"suid": ("file", "s", {"mode": 0o4777})},
                           allow_other=True)
     assert read_bytes(u.path("low")) == b"lower data"
     assert requests(u, "READ") > 0
-    # an upper file with setuid passes through too: the kernel asks the
-    # daemon to drop it (a SETATTR), with the writer's credentials
+    # an O_APPEND handle (write_as appends) is the daemon's, which drops
+    # setuid as the kernel would (test_passthrough.py: the same through
+    # passthrough handles)
     from test_locks_sync import write_as
     assert write_as(65534, 65534, u.mnt, "suid") == 0
-    assert requests(u, "WRITE") == 0
+    assert requests(u, "WRITE") == 1
     assert os.stat(u.path("suid")).st_mode & 0o7777 == 0o777
 
 

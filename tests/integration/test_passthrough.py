@@ -14,6 +14,7 @@ the handle was open, after a write had already found nothing to drop."""
 
 import os
 import subprocess
+import time
 
 import pytest
 
@@ -172,3 +173,34 @@ def test_chown_to_nothing_drops_as_the_kernel(union, caller, mode):
     want = {("nobody", 0o6767): 0o767, ("nobody", 0o6777): 0o777,
             ("root", 0o6767): 0o2767, ("root", 0o6777): 0o777}[caller, mode]
     assert got == want, oct(got)
+
+
+def test_passthrough_is_counted_at_open_and_close(stratafs_only, tmp_path):
+    """The statistics file counts what the daemon can see of passthrough
+    I/O: the handles, and what a file grew by while open for writing,
+    at its last close (an overwrite in place is not seen)."""
+    from test_uring import counters
+    stats = str(tmp_path / "stats")
+    u = stratafs_only.make([{"a": "lower"}], extra_opts=[f"statsfile={stats}"])
+    if not u.passthrough():
+        pytest.skip("passthrough is not in effect here (nopassthrough)")
+    opens, written = STAT_PASS_OPENS, STAT_WRITE_BYTES
+    with open(u.path("new"), "wb") as f:
+        for _ in range(256):
+            f.write(b"x" * 4096)
+    with open(u.path("new"), "r+b") as f:       # in place: not counted
+        f.write(b"y" * 4096)
+    with open(u.path("log"), "ab") as f:        # O_APPEND: the daemon's
+        f.write(b"z" * 100)
+    # RELEASE reaches the daemon after close(2) returns
+    for _ in range(500):
+        c = counters(stats)
+        if c[opens] == 2 and c[written] == (1 << 20) + 100:
+            break
+        time.sleep(0.01)
+    assert (c[opens], c[written]) == (2, (1 << 20) + 100)
+    assert c[STAT_WRITE] == 1                   # the O_APPEND handle's
+
+
+# lib/strata.h: enum strata_stat
+STAT_WRITE, STAT_WRITE_BYTES, STAT_PASS_OPENS = 14, 33, 35
