@@ -317,6 +317,9 @@ static int csi_daemon_opts(struct csi_plugin *p, const struct csi_volume *v,
 	 * The capacity is the daemon's to keep, except with passthrough
 	 * (the kernel writes past the daemon; CreateVolume refuses the mix,
 	 * and a record from before keeps its capacity as a number only).
+	 * The daemon's own default is passthrough: every other volume says
+	 * no, because a live snapshot cannot move a passthrough handle and
+	 * an expansion gives a capacity the daemon could not keep.
 	 */
 	len += snprintf(o + len, cap - len,
 			",upperdir=%s/volumes/%s/upper,workdir=%s/volumes/%s/work,allow_other,statsfile=%s/node/%s.stats,control=%s/node/%s.ctl,usagefile=%s/volumes/%s/usage",
@@ -325,8 +328,10 @@ static int csi_daemon_opts(struct csi_plugin *p, const struct csi_volume *v,
 	if (v->passthrough)
 		snprintf(o + len, cap - len, ",passthrough");
 	else if (v->capacity > 0)
-		snprintf(o + len, cap - len, ",capacity=%lld",
+		snprintf(o + len, cap - len, ",nopassthrough,capacity=%lld",
 			 (long long)v->capacity);
+	else
+		snprintf(o + len, cap - len, ",nopassthrough");
 	free(root);
 	*opts = o;
 	return 0;

@@ -169,7 +169,11 @@ static void csi_scrape_daemons(FILE *f, struct csi_plugin *p, char **ids,
 		{ "strata_volume_read_bytes_total",
 		  "Bytes the volume's readers asked for", STRATA_ST_READ_BYTES },
 		{ "strata_volume_written_bytes_total",
-		  "Bytes written to the volume", STRATA_ST_WRITE_BYTES },
+		  "Bytes written to the volume (files written through passthrough: what they grew by)",
+		  STRATA_ST_WRITE_BYTES },
+		{ "strata_volume_passthrough_opens_total",
+		  "Files opened for the kernel to read and write itself (passthrough)",
+		  STRATA_ST_PASS_OPENS },
 	};
 	struct strata_stats *st = calloc(n ? n : 1, sizeof(*st));
 	bool *ok = calloc(n ? n : 1, sizeof(*ok));

@@ -192,7 +192,7 @@ static bool sfs_req_in_group(fuse_req_t req, gid_t gid)
 }
 
 /* Whether the file at fd has a file capability: 1, 0, or a negative errno. */
-int sfs_file_has_caps(int fd)
+static int sfs_file_has_caps(int fd)
 {
 	if (fgetxattr(fd, "security.capability", NULL, 0) >= 0)
 		return 1;
@@ -261,7 +261,7 @@ static int sfs_file_killpriv(fuse_req_t req, struct sfs_file *f)
 int sfs_file_reply(fuse_req_t req, struct sfs_file *f,
 		   struct fuse_file_info *fi, const struct fuse_entry_param *e)
 {
-	int backing = sfs_pass_open(f);
+	int backing = sfs_pass_open(f, fi->flags);
 
 	fi->fh = sfs_file_handle(f);
 	if (backing)

@@ -13,7 +13,7 @@
  * us: sfs_file_killpriv on write, sfs_op_setattr on truncate, the
  * upper layer's own chown on chown.
  *
- * "-o passthrough" adds FUSE_PASSTHROUGH (see passthrough.c), which
+ * Passthrough (on by default: passthrough.c) adds FUSE_PASSTHROUGH, which
  * libfuse 3.14 does not know either; FUSE over io_uring, the transport
  * when it can be (uring.c), adds FUSE_OVER_IO_URING (protocol 7.42,
  * Linux 6.14): with it in the reply, the kernel takes ring entries.
@@ -90,14 +90,20 @@ static uint64_t sfs_handshake_wanted(uint64_t offered, bool supervised)
 	if (sfs_uring_usable(offered, supervised))
 		want |= SFS_FUSE_OVER_IO_URING;
 
-	if (sfs->params.passthrough) {
+	if (sfs_pass_wanted()) {
 		if (offered & SFS_FUSE_PASSTHROUGH)
 			want |= SFS_FUSE_PASSTHROUGH;
 		else
-			strata_warn("passthrough: this kernel does not offer it "
-				    "(Linux 6.9 and later, built with "
-				    "CONFIG_FUSE_PASSTHROUGH): file data goes "
-				    "through the daemon");
+			strata_log(sfs->params.passthrough == SFS_PASS_ASKED ?
+				   STRATA_LOG_WARN : STRATA_LOG_INFO,
+				   "passthrough: this kernel does not offer it "
+				   "(Linux 6.9 and later, built with "
+				   "CONFIG_FUSE_PASSTHROUGH): file data goes "
+				   "through the daemon");
+	} else if (sfs->params.passthrough == SFS_PASS_DEFAULT &&
+		   sfs->params.upperdir) {
+		strata_info("passthrough: off, as capacity= needs the daemon "
+			    "to see every write");
 	}
 	return want & offered;
 }

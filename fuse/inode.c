@@ -1068,6 +1068,24 @@ static int sfs_truncate(struct sfs_node *n, int fd, off_t size)
 	 FUSE_SET_ATTR_SIZE | FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_MTIME |     \
 	 FUSE_SET_ATTR_ATIME_NOW | FUSE_SET_ATTR_MTIME_NOW)
 
+/* Drops the setuid/setgid bits this caller's write would (file.c). */
+static int sfs_setattr_killpriv(fuse_req_t req, int upper)
+{
+	char path[64];
+	struct stat st;
+	mode_t kill;
+	int ret;
+
+	ret = sfs_fstat(upper, &st);
+	if (ret < 0)
+		return ret;
+	kill = sfs_killpriv_bits(req, &st);
+	if (!kill)
+		return 0;
+	sfs_proc_path(upper, path, sizeof(path));
+	return chmod(path, st.st_mode & 07777 & ~kill) < 0 ? -errno : 0;
+}
+
 static void sfs_setattr(fuse_req_t req, struct sfs_node *n, struct stat *attr,
 			int valid, struct fuse_file_info *fi)
 {
@@ -1107,6 +1125,20 @@ static void sfs_setattr(fuse_req_t req, struct sfs_node *n, struct stat *attr,
 			goto out_err;
 		}
 	}
+	/*
+	 * No bits is also how the kernel asks us to drop privileges after
+	 * a passthrough write: the FUSE file's file_remove_privs, in the
+	 * writer's context, loses ATTR_MODE on the way under
+	 * HANDLE_KILLPRIV_V2 (root's writes send nothing). The no-op chown
+	 * above drops setuid, and setgid when group-executable; a writer
+	 * outside the file's group drops setgid in any case, as on a chown
+	 * by such a caller.
+	 */
+	if (!(valid & SFS_SET_ATTR_ANY) && S_ISREG(n->type)) {
+		ret = sfs_setattr_killpriv(req, upper);
+		if (ret < 0)
+			goto out_err;
+	}
 	if (valid & FUSE_SET_ATTR_MODE) {
 		if (S_ISLNK(n->type)) {
 			ret = -EOPNOTSUPP;
@@ -1120,18 +1152,9 @@ static void sfs_setattr(fuse_req_t req, struct sfs_node *n, struct stat *attr,
 		}
 	}
 	if (valid & FUSE_SET_ATTR_SIZE) {
-		mode_t kill;
-
 		ret = sfs_truncate(n, fd, attr->st_size);
 		if (ret == 0 && !(valid & FUSE_SET_ATTR_MODE))
-			ret = sfs_fstat(upper, &st);
-		kill = (ret == 0 && !(valid & FUSE_SET_ATTR_MODE)) ?
-			       sfs_killpriv_bits(req, &st) : 0;
-		if (kill) {
-			sfs_proc_path(upper, path, sizeof(path));
-			if (chmod(path, st.st_mode & 07777 & ~kill) < 0)
-				ret = -errno;
-		}
+			ret = sfs_setattr_killpriv(req, upper);
 		if (ret < 0)
 			goto out_err;
 	}

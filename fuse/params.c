@@ -39,7 +39,10 @@ static const struct fuse_opt sfs_opt_spec[] = {
 	FUSE_OPT_KEY("capacity=", KEY_STRING),
 	FUSE_OPT_KEY("usagefile=", KEY_STRING),
 	SFS_OPT("userxattr", userxattr),
-	SFS_OPT("passthrough", passthrough),
+	{ "passthrough", offsetof(struct sfs_params, passthrough),
+	  SFS_PASS_ASKED },
+	{ "nopassthrough", offsetof(struct sfs_params, passthrough),
+	  SFS_PASS_OFF },
 	SFS_OPT("noallow_other", noallow_other),
 	SFS_OPT("nosupervisor", nosupervisor),
 	/*
@@ -298,7 +301,7 @@ static int sfs_params_check_capacity(const struct sfs_params *p)
 			return -EINVAL;
 		}
 	}
-	if (cap && p->passthrough) {
+	if (cap && p->passthrough == SFS_PASS_ASKED) {
 		fprintf(stderr,
 			"stratafs: capacity= and passthrough do not go together: "
 			"the kernel writes passthrough files without the daemon, "
@@ -473,15 +476,17 @@ void sfs_usage(const char *prog)
 	       "                        attributes (default 86400: nothing changes\n"
 	       "                        the layers behind the daemon; 0 if something does)\n"
 	       "    -o passthrough      the kernel reads and writes upper files\n"
-	       "                        itself (Linux 6.9+, CAP_SYS_ADMIN): see\n"
-	       "                        docs/fuse-settings.md for what it changes\n"
+	       "                        itself (Linux 6.9+, CAP_SYS_ADMIN; the\n"
+	       "                        default where it can be, except with\n"
+	       "                        capacity=): docs/fuse-settings.md\n"
+	       "    -o nopassthrough    file data always goes through the daemon\n"
 	       "    -o statsfile=FILE   export operation and byte counters in FILE\n"
 	       "                        (a small binary file the CSI plugin reads)\n"
 	       "    -o control=SOCKET   answer the CSI plugin's control requests\n"
 	       "                        (capacity, usage, snapshot freeze) there\n"
 	       "    -o capacity=BYTES   the upper layer may allocate no more: writes\n"
 	       "                        past it fail with ENOSPC, statfs shows it\n"
-	       "                        (0: no limit; not with passthrough)\n"
+	       "                        (0: no limit; turns passthrough off)\n"
 	       "    -o usagefile=FILE   keep the upper's usage in FILE across mounts\n"
 	       "                        (without it, counted anew at each start)\n"
 	       "    -o allow_other      let other users into the mount (the\n"

@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 /*
- * passthrough.c: "-o passthrough", file data that never reaches the
- * daemon.
+ * passthrough.c: file data that never reaches the daemon. On by default
+ * where the kernel and our privileges allow it; "-o nopassthrough" turns
+ * it off, and so does capacity= (a limit needs the daemon to see every
+ * write; asked for together, the two are refused at mount).
  *
  * When an OPEN or CREATE reply carries FOPEN_PASSTHROUGH and the id of a
  * backing file (registered with FUSE_DEV_IOC_BACKING_OPEN), the kernel
@@ -11,17 +13,27 @@
  * file's. libfuse 3.14 knows nothing of it, so handshake.c negotiates it
  * and the replies are built here.
  *
- * Only files already in the upper layer go through, and only ones with
- * no setuid, setgid or capability to drop: the kernel writes a backing
- * file with the daemon's credentials, and leaves dropping privileges to
- * the daemon (HANDLE_KILLPRIV_V2), which never sees those writes. Lower
- * files stay with the daemon so that a read-only handle follows a later
- * copy-up (a backing file is fixed for the life of the handle).
+ * Only files already in the upper layer go through: lower files stay
+ * with the daemon so that a read-only handle follows a later copy-up (a
+ * backing file is fixed for the life of the handle).
  *
- * One gap is left: a file that gains setuid, setgid or a capability
- * while it has passthrough handles keeps handles opened meanwhile in
- * passthrough, and writes through them do not drop it
- * (docs/fuse-settings.md says so).
+ * Privileges are dropped as the kernel would, though the kernel writes
+ * the backing file with the daemon's credentials: every kernel with FUSE
+ * passthrough writes through backing_file_write_iter (fs/backing-file.c,
+ * Linux 6.8+), which first removes privileges on the FUSE file with the
+ * writer's own credentials. Under HANDLE_KILLPRIV_V2 that arrives as a
+ * SETATTR without bits, which sfs_setattr answers with the writer's rule;
+ * the upper filesystem drops a file capability on any write itself. So
+ * files with setuid, setgid or a capability pass through as well, and one
+ * that gains them while open loses them at the next write, whoever holds
+ * the handle (tests/integration/test_passthrough.py, against kernel
+ * overlayfs).
+ *
+ * The kernel's reads and writes pass the statistics' counters by too.
+ * What can be counted is counted at open and last close: the handles
+ * (passthrough_opens), and, as bytes written, what a file grew by while
+ * it had passthrough writers. Overwrites in place and reads are not
+ * seen; no kernel counter tells them per file.
  *
  * The kernel fails (EIO) an open that disagrees with the inode's other
  * open files: all passthrough with the same backing id, or none. So a
@@ -34,6 +46,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
 
 #include "stratafs.h"
@@ -57,21 +70,17 @@ struct sfs_open_out {
 	int32_t backing_id;
 };
 
-/* Whether writes through f could have a privilege to drop. */
-static bool sfs_pass_privileged(struct sfs_file *f)
+bool sfs_pass_wanted(void)
 {
-	struct stat st;
+	const struct sfs_params *p = &sfs->params;
+	uint64_t cap = 0;
 
-	if (atomic_load(&f->node->nosec))
-		return false;
-	if (fstat(f->fd, &st) < 0 || (st.st_mode & (S_ISUID | S_ISGID)))
-		return true;
-	/* an error counts as one: the daemon then sees every write */
-	if (sfs_file_has_caps(f->fd) != 0)
-		return true;
-	/* as a write would have found: later writes and opens skip the check */
-	atomic_store(&f->node->nosec, true);
-	return false;
+	if (p->passthrough != SFS_PASS_DEFAULT)
+		return p->passthrough == SFS_PASS_ASKED;
+	/* parsed and checked at start (params.c) */
+	if (p->capacity)
+		sfs_usage_parse(p->capacity, &cap);
+	return p->upperdir && !cap;
 }
 
 /* A backing id for fd, or 0 when the kernel refuses it. */
@@ -87,16 +96,20 @@ static int sfs_pass_register(int fd)
 		strata_debug("passthrough refused (%s): through the daemon",
 			     strerror(errno));
 	else if (atomic_exchange(&sfs->passthrough, false))
-		strata_warn("passthrough refused (%s%s): file data goes through "
-			    "the daemon", strerror(errno),
-			    errno == EPERM ? ", it needs CAP_SYS_ADMIN" :
-			    errno == ELOOP ? ", a layer is stacked already" : "");
+		strata_log(sfs->params.passthrough == SFS_PASS_ASKED ?
+			   STRATA_LOG_WARN : STRATA_LOG_INFO,
+			   "passthrough refused (%s%s): file data goes through "
+			   "the daemon", strerror(errno),
+			   errno == EPERM ? ", it needs CAP_SYS_ADMIN" :
+			   errno == ELOOP ? ", a layer is stacked already" : "");
 	return 0;
 }
 
-int sfs_pass_open(struct sfs_file *f)
+/* OPEN_FLAGS: the open(2) flags, which f->flags keeps only in part */
+int sfs_pass_open(struct sfs_file *f, int open_flags)
 {
 	struct sfs_node *n = f->node;
+	struct stat st;
 	int id = 0;
 
 	if (!atomic_load(&sfs->passthrough) || !S_ISREG(n->type) ||
@@ -104,8 +117,15 @@ int sfs_pass_open(struct sfs_file *f)
 		return 0;
 	sfs_lock(&n->lock);
 	if (n->npass == 0) {
-		/* another handle is open without: this one must be too */
-		if (atomic_load(&n->nopen) > 1 || sfs_pass_privileged(f))
+		/*
+		 * Another handle is open without: this one must be too. An
+		 * O_APPEND handle stays with the daemon: the kernel opens
+		 * the backing file with the open's own flags, and an F_SETFL
+		 * that clears O_APPEND later never reaches it (adding it
+		 * does: the kernel passes the user file's append on per
+		 * write).
+		 */
+		if (atomic_load(&n->nopen) > 1 || (open_flags & O_APPEND))
 			goto out;
 		n->backing = sfs_pass_register(f->fd);
 		if (!n->backing)
@@ -114,9 +134,15 @@ int sfs_pass_open(struct sfs_file *f)
 	}
 	n->npass++;
 	f->passthrough = true;
+	sfs_count(STRATA_ST_PASS_OPENS, 1);
 	/* the kernel writes it without us: as if written from now on */
-	if ((f->flags & O_ACCMODE) != O_RDONLY)
+	if ((f->flags & O_ACCMODE) != O_RDONLY) {
 		atomic_fetch_add(&n->dirty, 1);
+		if (!n->pass_wrote && fstat(f->fd, &st) == 0) {
+			n->pass_size = st.st_size;
+			n->pass_wrote = true;
+		}
+	}
 	id = n->backing;
 out:
 	sfs_unlock(&n->lock);
@@ -126,12 +152,18 @@ out:
 void sfs_pass_release(struct sfs_file *f)
 {
 	struct sfs_node *n = f->node;
+	struct stat st;
 	uint32_t id;
 
 	if (!f->passthrough)
 		return;
 	sfs_lock(&n->lock);
 	if (--n->npass == 0) {
+		if (n->pass_wrote && fstat(f->fd, &st) == 0 &&
+		    st.st_size > n->pass_size)
+			sfs_count(STRATA_ST_WRITE_BYTES,
+				  (uint64_t)(st.st_size - n->pass_size));
+		n->pass_wrote = false;
 		id = n->backing;
 		n->backing = 0;
 		/* after the session, the ids went with the connection */
@@ -146,8 +178,6 @@ bool sfs_pass_keep_cache(struct sfs_node *n)
 {
 	bool keep;
 
-	if (!sfs->params.passthrough)
-		return true;
 	/*
 	 * Passthrough writes bypass the page cache of the FUSE inode: pages
 	 * it kept from before are stale, and the next ordinary open drops

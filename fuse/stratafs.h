@@ -50,6 +50,13 @@ struct sfs_fh {
 	uint8_t buf[5 + 16 + 128];	/* header, uuid, MAX_HANDLE_SZ */
 };
 
+/* sfs_params.passthrough: what the options said */
+enum {
+	SFS_PASS_OFF = -1,	/* -o nopassthrough */
+	SFS_PASS_DEFAULT = 0,	/* nothing: on where it can be */
+	SFS_PASS_ASKED = 1,	/* -o passthrough: said when it cannot be */
+};
+
 struct sfs_params {
 	char *lowerdir;		/* raw option, colon separated, \: escapes */
 	char *upperdir;
@@ -63,7 +70,7 @@ struct sfs_params {
 	char *usagefile;	/* where usage is kept across mounts, or NULL */
 	/* ints, not bools: fuse_opt stores flag options as int */
 	int userxattr;
-	int passthrough;	/* asked for; sfs_fs.passthrough: in effect */
+	int passthrough;	/* SFS_PASS_*; sfs_fs.passthrough: in effect */
 	int noallow_other;	/* root mounts: keep other users out */
 	int nosupervisor;	/* serve in the process started (supervisor.c) */
 	unsigned max_read;	/* libfuse's max_read=, which INIT must echo */
@@ -197,10 +204,12 @@ struct sfs_node {
 	/* the upper file's st_blocks as usage.c last counted it; -1 unknown */
 	_Atomic int64_t ublocks;
 	bool pass_used;		/* lock: passthrough since the last cached open */
+	bool pass_wrote;	/* lock: a passthrough writer since npass was 0 */
 	uint8_t nlower;		/* const, but for a freeze (freeze.c) */
 	uint8_t lower_room;	/* const: entries the node's own allocation holds */
 	int32_t backing;	/* lock: passthrough backing id while npass */
 	uint32_t npass;		/* lock: open passthrough handles */
+	int64_t pass_size;	/* lock: the file's size when pass_wrote began */
 	struct sfs_entry up;	/* the upper entry, once has_upper */
 	/*
 	 * nlower entries: in the node's own allocation (lower_room of them,
@@ -562,7 +571,6 @@ struct sfs_file *sfs_file_of(const struct fuse_file_info *fi);
 void sfs_files_takeover(struct sfs_fdset *keep);
 void sfs_files_fds(struct sfs_fdset *set);
 mode_t sfs_killpriv_bits(fuse_req_t req, const struct stat *st);
-int sfs_file_has_caps(int fd);
 int sfs_file_reply(fuse_req_t req, struct sfs_file *f,
 		   struct fuse_file_info *fi, const struct fuse_entry_param *e);
 void sfs_op_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void *arg,
@@ -621,9 +629,10 @@ int sfs_tmp_clear(void);
 int sfs_probe_rename_whiteout(int tmpfd);
 
 /* passthrough.c */
-int sfs_pass_open(struct sfs_file *f);
+int sfs_pass_open(struct sfs_file *f, int open_flags);
 void sfs_pass_release(struct sfs_file *f);
 bool sfs_pass_keep_cache(struct sfs_node *n);
+bool sfs_pass_wanted(void);
 int sfs_pass_reply(fuse_req_t req, const struct fuse_entry_param *e,
 		   uint64_t fh, int backing);
 struct fuse_entry_out;
@@ -796,7 +805,7 @@ static inline void sfs_count(enum strata_stat what, uint64_t n)
  * (sfs_fs, sfs_node and its parts, sfs_file) is read by the next binary
  * too after an upgrade in place: change one, and bump SFS_SHM_VERSION.
  */
-#define SFS_SHM_VERSION 3
+#define SFS_SHM_VERSION 4
 #define SFS_SHM_CLASSES 51
 /* The shared mapping's size: sparse, so only what is used is resident. */
 #define SFS_SHM_SIZE (64ULL << 30)

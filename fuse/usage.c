@@ -547,7 +547,7 @@ int sfs_capacity_verb(int argc, char **argv, char *out, size_t size)
 		snprintf(out, size, "capacity: the mount has no upper layer");
 		return -EROFS;
 	}
-	if (cap && sfs->params.passthrough) {
+	if (cap && atomic_load(&sfs->passthrough)) {
 		snprintf(out, size, "capacity: the mount runs with passthrough, "
 			 "where the kernel writes without the daemon: no limit "
 			 "could be kept");

@@ -38,4 +38,5 @@ const char *const strata_stat_names[STRATA_ST_COUNT] = {
 	[STRATA_ST_READ_BYTES] = "read_bytes",
 	[STRATA_ST_WRITE_BYTES] = "write_bytes",
 	[STRATA_ST_URING_REQUESTS] = "uring_requests",
+	[STRATA_ST_PASS_OPENS] = "passthrough_opens",
 };

@@ -59,6 +59,7 @@ enum strata_stat {
 	STRATA_ST_READ_BYTES = STRATA_ST_NOPS,
 	STRATA_ST_WRITE_BYTES,
 	STRATA_ST_URING_REQUESTS,	/* requests that came over io_uring */
+	STRATA_ST_PASS_OPENS,		/* handles the kernel served itself */
 	STRATA_ST_COUNT,
 };
 

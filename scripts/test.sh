@@ -170,11 +170,13 @@ if ! scripts/build.sh build; then
 fi
 run_unit build
 run_integration integration "$top/build/stratafs"
-# The data paths again under the other I/O engine (the default is uring).
-STRATAFS_OPTS=io=sync run_integration integration-sync "$top/build/stratafs" \
-	-m stratafs -k "not valgrind and not memory"
-# And with the kernel doing upper files' I/O itself (-o passthrough).
-STRATAFS_OPTS=passthrough run_integration integration-passthrough \
+# The data paths again under the other I/O engine (the default is uring),
+# through the daemon: passthrough, the default, would skip the engine.
+STRATAFS_OPTS=io=sync,nopassthrough run_integration integration-sync \
+	"$top/build/stratafs" -m stratafs -k "not valgrind and not memory"
+# And with the daemon doing upper files' I/O as well (-o nopassthrough,
+# as the CSI plugin mounts most volumes).
+STRATAFS_OPTS=nopassthrough run_integration integration-nopassthrough \
 	"$top/build/stratafs" -m stratafs -k "not valgrind and not memory"
 # And over FUSE over io_uring, where the kernel has it: one process,
 # since a supervised daemon is served through /dev/fuse (fuse/uring.c);

@@ -639,6 +639,13 @@ if "$STRATAFS" --help 2>&1 | grep -q 'io='; then
 	TARGETS+=(stratafs-uring stratafs-sync)
 	OPTS[stratafs-uring]=",io=uring"
 	OPTS[stratafs-sync]=",io=sync"
+	# Where passthrough is the default, the engines' targets turn it off
+	# (the engines would not see upper files' I/O), and it is a target
+	# of its own; the transports' targets run with the default.
+	if "$STRATAFS" --help 2>&1 | grep -q 'nopassthrough'; then
+		OPTS[stratafs-uring]=",io=uring,nopassthrough"
+		OPTS[stratafs-sync]=",io=sync,nopassthrough"
+	fi
 	# and the kernel doing upper files' I/O itself, where it offers to
 	if "$STRATAFS" --help 2>&1 | grep -q 'passthrough'; then
 		IO_NOTE="$IO_NOTE; -o passthrough is a third target"

@@ -75,13 +75,17 @@ def test_kubelet_sequence(env, kubelet, strata):
 @pytest.mark.timeout(60)
 def test_passthrough_volume(env, kubelet, strata):
     """passthrough=true in the class: the daemon runs with -o passthrough
-    and the kernel does the volume's upper file I/O; others do not."""
+    and the kernel does the volume's upper file I/O; others say
+    nopassthrough (the daemon's default is passthrough)."""
     vid = kubelet.create("pvc-pt", params={"passthrough": "true"})
     plain = kubelet.create("pvc-plain")
     st, st2 = kubelet.stage(vid), kubelet.stage(plain)
     pid = strata.daemon_pid(vid)
     assert "passthrough" in daemon_options(pid)
-    assert "passthrough" not in daemon_options(strata.daemon_pid(plain))
+    plain_opts = daemon_options(strata.daemon_pid(plain))
+    assert "passthrough" not in plain_opts and "nopassthrough" in plain_opts
+    assert "passthrough: the kernel reads and writes" not in \
+        open(strata.path("node", plain + ".log")).read()
     log = open(strata.path("node", vid + ".log")).read()
     assert "passthrough: the kernel reads and writes upper files itself" in log
     t = kubelet.publish(vid, st, env.target("pod-pt"))

@@ -717,6 +717,16 @@ class Union:
     def stderr(self):
         return _read(self.stderr_path)
 
+    def passthrough(self):
+        """Whether the kernel reads and writes upper files itself: the
+        daemon's default where it can be, said when INIT agreed it (which
+        the first request waits for)."""
+        if self.kind != "stratafs":
+            return False
+        os.stat(self.mnt)
+        return "passthrough: the kernel reads and writes upper files itself" \
+            in self.stderr()
+
     def unmount(self):
         """Unmount; for stratafs also check the daemon's exit (status 0,
         no sanitizer report)."""

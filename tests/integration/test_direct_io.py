@@ -80,13 +80,14 @@ def test_direct_io(union):
     assert read_bytes(u.path("low"))[K:2 * K] == b"w" * K
 
 
-@pytest.mark.parametrize("mode", ["io=uring", "io=sync", "passthrough"])
+@pytest.mark.parametrize("mode", ["io=uring,nopassthrough",
+                                  "io=sync,nopassthrough", "passthrough"])
 def test_direct_io_every_engine(stratafs_only, mode):
     u = stratafs_only.make(lowers=[LOWER], upper=UPPER, extra_opts=[mode])
     check_direct_io(u)
 
 
-@pytest.mark.parametrize("mode", ["io=uring", "io=sync"])
+@pytest.mark.parametrize("mode", ["io=uring,nopassthrough", "io=sync,nopassthrough"])
 def test_direct_io_many_small_random(stratafs_only, mode):
     """What a random O_DIRECT stress run did: every call, whatever the
     heap handed out, must work."""

@@ -38,7 +38,7 @@ def data_workload(u):
 @pytest.mark.parametrize("engine", ["uring", "sync"])
 def test_engines_give_the_same_data(stratafs_only, engine):
     u = stratafs_only.make(lowers=[{"lower": "lower data" * 1000}],
-                           extra_opts=[f"io={engine}"])
+                           extra_opts=[f"io={engine}", "nopassthrough"])
     data_workload(u)
     u.remount()
     assert read_bytes(u.path("lower")).endswith(b"+tail")
@@ -53,7 +53,7 @@ def test_fallback_when_io_uring_is_disabled(stratafs_only):
             f.write("2\n")          # io_uring off for everyone, root too
         # io=uring asked for explicitly: STRATAFS_OPTS may say sync
         u = stratafs_only.make(lowers=[{"lower": "lower data" * 1000}],
-                               extra_opts=["io=uring"])
+                               extra_opts=["io=uring", "nopassthrough"])
         data_workload(u)
         u.unmount()
     finally:

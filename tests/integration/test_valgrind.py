@@ -43,7 +43,8 @@ def workload(m):
 
 
 # passthrough: the backing ids and the replies built by hand (passthrough.c)
-@pytest.mark.parametrize("opts", ["", ",passthrough"], ids=["default", "passthrough"])
+@pytest.mark.parametrize("opts", ["", ",nopassthrough"],
+                         ids=["default", "nopassthrough"])
 def test_daemon_is_valgrind_clean(tmp_path, opts):
     binary = stratafs_binary()
     if is_sanitizer_build(binary):

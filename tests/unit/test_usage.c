@@ -135,11 +135,12 @@ static void test_verbs(void)
 	CHECK_EQ_INT(sfs_capacity_verb(1, argv, out, sizeof(out)), -EINVAL);
 	CHECK(strstr(out, "capacity 'lots': expected a number of bytes") != NULL);
 	CHECK_EQ_INT(atomic_load(&sfs->usage.capacity), 1048576);
-	sfs->params.passthrough = 1;
+	/* passthrough in effect (negotiated), whatever the options said */
+	atomic_store(&sfs->passthrough, true);
 	argv[0] = "5";
 	CHECK_EQ_INT(sfs_capacity_verb(1, argv, out, sizeof(out)), -EINVAL);
 	CHECK(strstr(out, "passthrough") != NULL);
-	sfs->params.passthrough = 0;
+	atomic_store(&sfs->passthrough, false);
 }
 
 int main(void)
