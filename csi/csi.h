@@ -361,6 +361,7 @@ int csi_layer_name_check(const char *name);
 int csi_split_layers(const char *list, char ***names, int *count);
 void csi_free_strv(char **v, int n);
 int csi_strv_push(char ***v, int *n, const char *s);
+void csi_strv_sort(char **v, int n);
 /* Every map<string,string> entry protoc-c generates has this layout. */
 struct csi_map_entry {
 	ProtobufCMessage base;
@@ -414,6 +415,11 @@ int csi_volume_create(struct csi_store *s, struct csi_volume *v);
 int csi_volume_save(struct csi_store *s, const struct csi_volume *v);
 int csi_volume_served(struct csi_store *s, const char *id);
 int csi_volume_delete(struct csi_store *s, const char *id);
+/* what csi_store_names lists of NAME: a part of it, or NULL for nothing */
+typedef const char *(*csi_store_keep_fn)(int dirfd, char *name,
+					 const void *arg);
+int csi_store_names(int dirfd, csi_store_keep_fn keep, const void *arg,
+		    char ***names, int *count);
 int csi_store_scan(int dirfd, const char *suffix, char ***ids, int *count);
 int csi_page_first(char **ids, int n, const char *token);
 int csi_volume_list(struct csi_store *s, char ***ids, int *count);

@@ -206,44 +206,34 @@ int csi_snapshot_load(struct csi_store *s, const char *id,
 	return ret;
 }
 
+/* What csi_snapshot_scan looks for: "<prefix><id><suffix>". */
+struct csi_snapshot_affix {
+	const char *prefix;
+	const char *suffix;
+};
+
+/* A name that is "<prefix><id><suffix>" with a snapshot id, cut to the id. */
+static const char *csi_snapshot_keep_id(int dirfd, char *name, const void *arg)
+{
+	const struct csi_snapshot_affix *a = arg;
+	size_t plen = strlen(a->prefix), slen = strlen(a->suffix);
+
+	if (strlen(name) != plen + CSI_SNAPSHOT_ID_LEN + slen ||
+	    strncmp(name, a->prefix, plen) ||
+	    strcmp(name + plen + CSI_SNAPSHOT_ID_LEN, a->suffix))
+		return NULL;
+	name[plen + CSI_SNAPSHOT_ID_LEN] = '\0';
+	return csi_snapshot_id_valid(name + plen) ? name + plen : NULL;
+}
+
 /* The names in snapshots/ that are "<prefix><id><suffix>", as ids. */
 static int csi_snapshot_scan(struct csi_store *s, const char *prefix,
 			     const char *suffix, char ***ids, int *count)
 {
-	size_t plen = strlen(prefix), slen = strlen(suffix);
-	struct dirent *de;
-	char **v = NULL;
-	int n = 0, ret = 0;
-	DIR *d;
+	const struct csi_snapshot_affix a = { prefix, suffix };
 
-	*ids = NULL;
-	*count = 0;
-	d = strata_opendir_at(s->snapshots_fd, ".");
-	if (!d)
-		return -errno;
-	while ((de = readdir(d))) {
-		char *name = de->d_name;
-		size_t len = strlen(name);
-
-		if (len != plen + CSI_SNAPSHOT_ID_LEN + slen ||
-		    strncmp(name, prefix, plen) ||
-		    strcmp(name + plen + CSI_SNAPSHOT_ID_LEN, suffix))
-			continue;
-		name[plen + CSI_SNAPSHOT_ID_LEN] = '\0';
-		if (!csi_snapshot_id_valid(name + plen))
-			continue;
-		ret = csi_strv_push(&v, &n, name + plen);
-		if (ret)
-			break;
-	}
-	closedir(d);
-	if (ret) {
-		csi_free_strv(v, n);
-		return ret;
-	}
-	*ids = v;
-	*count = n;
-	return 0;
+	return csi_store_names(s->snapshots_fd, csi_snapshot_keep_id, &a, ids,
+			       count);
 }
 
 /* The ids of the named snapshots, hidden ones included, unsorted. */

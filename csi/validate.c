@@ -67,6 +67,18 @@ int csi_strv_push(char ***v, int *n, const char *s)
 	return 0;
 }
 
+static int csi_strv_cmp(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Sorts V, of N entries, in strcmp order: listings answer in name order. */
+void csi_strv_sort(char **v, int n)
+{
+	if (n)
+		qsort(v, n, sizeof(*v), csi_strv_cmp);
+}
+
 /* Splits "a,b" into names; an empty element is an error, not skipped. */
 int csi_split_layers(const char *list, char ***names, int *count)
 {
