@@ -37,6 +37,9 @@
 /* "ss-" and 32 hex digits, the same way */
 #define CSI_SNAPSHOT_ID_PREFIX "ss-"
 #define CSI_SNAPSHOT_ID_LEN 35
+/* one generator and one check make and take both kinds (store.c, validate.c) */
+_Static_assert(CSI_SNAPSHOT_ID_LEN == CSI_VOLUME_ID_LEN,
+	       "volume and snapshot ids differ only in their prefix");
 /*
  * A chain entry naming a snapshot's layer is '@' and its id: no layer
  * name starts with '@', so the two never collide in a record.
@@ -357,6 +360,7 @@ int csi_reply_id_check(struct csi_reply *r, const char *id);
 
 /* validate.c */
 bool csi_volume_id_valid(const char *id);
+bool csi_snapshot_id_valid(const char *id);
 int csi_layer_name_check(const char *name);
 int csi_split_layers(const char *list, char ***names, int *count);
 void csi_free_strv(char **v, int n);
@@ -407,7 +411,7 @@ int csi_store_check(struct csi_store *s, char *why, size_t size);
 int csi_store_writable(struct csi_store *s, struct csi_reply *r);
 int64_t csi_store_free(struct csi_store *s);
 bool csi_store_full(struct csi_store *s);
-int csi_volume_new_id(char id[CSI_VOLUME_ID_LEN + 1]);
+int csi_store_new_id(const char *prefix, char id[CSI_VOLUME_ID_LEN + 1]);
 int csi_volume_load(struct csi_store *s, const char *id, struct csi_volume *v);
 int csi_volume_find(struct csi_store *s, const char *name, bool ephemeral,
 		    struct csi_volume *v);
@@ -427,7 +431,6 @@ void csi_volume_free(struct csi_volume *v);
 int csi_layer_open(struct csi_store *s, const char *name);
 
 /* snapshot.c: snapshots in the store, their chains, users, recovery */
-bool csi_snapshot_id_valid(const char *id);
 int csi_chain_entry_check(const char *entry);
 int csi_chain_open(struct csi_store *s, const char *entry);
 void csi_snapshot_free(struct csi_snapshot *ss);

@@ -41,7 +41,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -53,29 +52,6 @@
 #define CSI_SNAP_RECORD "snapshot.json"
 /* a daemon syncs its upper before it freezes: give it time to */
 #define CSI_FREEZE_TIMEOUT_MS 60000
-
-bool csi_snapshot_id_valid(const char *id)
-{
-	if (strlen(id) != CSI_SNAPSHOT_ID_LEN ||
-	    strncmp(id, CSI_SNAPSHOT_ID_PREFIX, 3))
-		return false;
-	for (const char *c = id + 3; *c; c++)
-		if (!((*c >= '0' && *c <= '9') || (*c >= 'a' && *c <= 'f')))
-			return false;
-	return true;
-}
-
-static int csi_snapshot_new_id(char id[CSI_SNAPSHOT_ID_LEN + 1])
-{
-	unsigned char rnd[16];
-
-	if (getrandom(rnd, sizeof(rnd), 0) != sizeof(rnd))
-		return -EIO;
-	memcpy(id, CSI_SNAPSHOT_ID_PREFIX, 3);
-	for (int i = 0; i < 16; i++)
-		sprintf(id + 3 + 2 * i, "%02x", rnd[i]);
-	return 0;
-}
 
 /* A chain entry as records hold it: a layer name, or '@' and a snapshot id. */
 int csi_chain_entry_check(const char *entry)
@@ -792,7 +768,7 @@ int csi_snapshot_take(struct csi_plugin *p, struct csi_volume *v,
 	staged = ret == 0;
 	if (staged)
 		csi_state_free(&n);
-	ret = csi_snapshot_new_id(ss->id);
+	ret = csi_store_new_id(CSI_SNAPSHOT_ID_PREFIX, ss->id);
 	if (ret)
 		goto out_why;
 	memcpy(ss->source, v->id, sizeof(ss->source));

@@ -226,13 +226,17 @@ bool csi_store_full(struct csi_store *s)
 	       (st.f_bavail == 0 || st.f_favail == 0);
 }
 
-int csi_volume_new_id(char id[CSI_VOLUME_ID_LEN + 1])
+/*
+ * A new volume or snapshot id: PREFIX (CSI_VOLUME_ID_PREFIX or
+ * CSI_SNAPSHOT_ID_PREFIX) and 128 random bits, so that no id is made twice.
+ */
+int csi_store_new_id(const char *prefix, char id[CSI_VOLUME_ID_LEN + 1])
 {
 	unsigned char rnd[16];
 
 	if (getrandom(rnd, sizeof(rnd), 0) != sizeof(rnd))
 		return -EIO;
-	memcpy(id, CSI_VOLUME_ID_PREFIX, 3);
+	memcpy(id, prefix, 3);
 	for (int i = 0; i < 16; i++)
 		sprintf(id + 3 + 2 * i, "%02x", rnd[i]);
 	return 0;
