@@ -513,12 +513,19 @@ int csi_snapshot_recover(struct csi_store *s, const char *vid)
 	return first;
 }
 
-static bool csi_chain_has(char **chain, int n, const char *entry)
+/*
+ * One record's part in csi_chain_users: ERR is what loading it gave, and
+ * without an error ID joins USERS when CHAIN (N entries) names ENTRY.
+ */
+static int csi_chain_user(int err, bool strict, const char *id, char **chain,
+			  int n, const char *entry, char ***users, int *count)
 {
+	if (err)
+		return err != -ENOENT && strict ? -EIO : 0;
 	for (int i = 0; i < n; i++)
 		if (!strcmp(chain[i], entry))
-			return true;
-	return false;
+			return csi_strv_push(users, count, id);
+	return 0;
 }
 
 /*
@@ -540,12 +547,9 @@ int csi_chain_users(struct csi_store *s, const char *entry, char ***users,
 		struct csi_volume v;
 		int err = csi_volume_load(s, ids[i], &v);
 
-		if (err) {
-			ret = err != -ENOENT && strict ? -EIO : 0;
-			continue;
-		}
-		if (csi_chain_has(v.layers, v.nlayers, entry))
-			ret = csi_strv_push(users, count, v.id);
+		/* a failed load leaves V empty: safe to pass on and to free */
+		ret = csi_chain_user(err, strict, v.id, v.layers, v.nlayers,
+				     entry, users, count);
 		csi_volume_free(&v);
 	}
 	csi_free_strv(ids, n);
@@ -563,12 +567,8 @@ int csi_chain_users(struct csi_store *s, const char *entry, char ***users,
 				 pass ? CSI_SNAP_NEW : "", ids[i],
 				 pass ? ".json" : "/" CSI_SNAP_RECORD);
 			err = csi_snapshot_read(s, name, &ss);
-			if (err) {
-				ret = err != -ENOENT && strict ? -EIO : 0;
-				continue;
-			}
-			if (csi_chain_has(ss.chain, ss.nchain, entry))
-				ret = csi_strv_push(users, count, ss.id);
+			ret = csi_chain_user(err, strict, ss.id, ss.chain,
+					     ss.nchain, entry, users, count);
 			csi_snapshot_free(&ss);
 		}
 		csi_free_strv(ids, n);
