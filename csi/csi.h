@@ -400,6 +400,8 @@ int csi_busy_claim(struct csi_store *s, const char *id, struct csi_reply *r);
 /* record.c: JSON files written atomically */
 int csi_record_write(int dirfd, const char *name, json_object *obj);
 int csi_record_read(int dirfd, const char *name, json_object **obj);
+ssize_t csi_record_read_text(int dirfd, const char *name, char *buf,
+			     size_t size);
 int csi_record_remove(int dirfd, const char *name);
 const char *csi_json_str(json_object *o, const char *key);
 int64_t csi_json_int(json_object *o, const char *key);
