@@ -30,16 +30,11 @@
 /* Whether pid is a stratafs worker (the name its supervisor gives it). */
 static bool csi_is_worker(pid_t pid)
 {
-	char path[64], comm[32] = "";
+	char path[64], comm[32];
 	ssize_t n;
-	int fd;
 
 	snprintf(path, sizeof(path), "/proc/%d/comm", (int)pid);
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return false;
-	n = read(fd, comm, sizeof(comm) - 1);
-	close(fd);
+	n = csi_record_read_text(AT_FDCWD, path, comm, sizeof(comm));
 	return n > 0 && !strncmp(comm, "stratafs-worker\n", (size_t)n);
 }
 
@@ -53,18 +48,12 @@ static pid_t csi_worker_of(pid_t sup)
 	char path[64], buf[512], *p, *end;
 	pid_t found = 0;
 	ssize_t n;
-	int fd;
 
 	snprintf(path, sizeof(path), "/proc/%d/task/%d/children", (int)sup,
 		 (int)sup);
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return -errno;
-	n = read(fd, buf, sizeof(buf) - 1);
-	close(fd);
+	n = csi_record_read_text(AT_FDCWD, path, buf, sizeof(buf));
 	if (n < 0)
-		return -errno;
-	buf[n] = '\0';
+		return n;
 	for (p = buf; *p; p = end) {
 		long pid = strtol(p, &end, 10);
 

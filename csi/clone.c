@@ -81,6 +81,33 @@ static int csi_clone_chain(struct csi_volume *want, const char *top,
 }
 
 /*
+ * What a clone must agree with, of either kind of source (KIND, "snapshot"
+ * or "volume", and ID name it): a "layers" parameter names the layers the
+ * source sits on (CHAIN, N entries), and the capacity holds what the
+ * source's (HAVE) does. On agreement WANT's source is ID.
+ */
+static int csi_clone_fit(struct csi_reply *r,
+			 const Csi__V1__CreateVolumeRequest *req,
+			 struct csi_volume *want, const char *kind,
+			 const char *id, char **chain, int n, int64_t have)
+{
+	int ret;
+
+	if (CSI_MAP_GET(req, parameters, "layers") &&
+	    !csi_clone_layers_match(want->layers, want->nlayers, chain, n)) {
+		csi_reply_set(r, CSI_INVALID_ARGUMENT,
+			      "parameter layers names other layers than %s %s sits on: a clone has its source's layers; drop the parameter or use a class with the same layers",
+			      kind, id);
+		return -EINVAL;
+	}
+	ret = csi_clone_capacity(r, req, want, have, id);
+	if (ret)
+		return ret;
+	memcpy(want->source, id, sizeof(want->source));
+	return 0;
+}
+
+/*
  * The content source's id into SOURCE, for the lookup by name: -EINVAL
  * for one that is missing or cannot be an id of its kind.
  */
@@ -112,7 +139,6 @@ int csi_clone_source(struct csi_plugin *p, struct csi_reply *r,
 		     struct csi_volume *want)
 {
 	const Csi__V1__VolumeContentSource *src = req->volume_content_source;
-	bool layers_given = CSI_MAP_GET(req, parameters, "layers") != NULL;
 	struct csi_snapshot ss = { 0 };
 	struct csi_volume v = { 0 };
 	char entry[CSI_SNAPSHOT_ID_LEN + 2];
@@ -134,21 +160,12 @@ int csi_clone_source(struct csi_plugin *p, struct csi_reply *r,
 				      strerror(-ret));
 		if (ret)
 			goto out;
-		if (layers_given &&
-		    !csi_clone_layers_match(want->layers, want->nlayers,
-					    ss.chain, ss.nchain)) {
-			csi_reply_set(r, CSI_INVALID_ARGUMENT,
-				      "parameter layers names other layers than snapshot %s sits on: a clone has its source's layers; drop the parameter or use a class with the same layers",
-				      ss.id);
-			ret = -EINVAL;
-			goto out;
-		}
-		ret = csi_clone_capacity(r, req, want, ss.capacity, ss.id);
+		ret = csi_clone_fit(r, req, want, "snapshot", ss.id, ss.chain,
+				    ss.nchain, ss.capacity);
 		if (ret)
 			goto out;
 		snprintf(entry, sizeof(entry), "%c%s", CSI_CHAIN_SNAPSHOT, ss.id);
 		ret = csi_clone_chain(want, entry, ss.chain, ss.nchain);
-		memcpy(want->source, ss.id, sizeof(want->source));
 	} else if (src->type_case == CSI__V1__VOLUME_CONTENT_SOURCE__TYPE_VOLUME) {
 		id = src->volume ? src->volume->volume_id : "";
 		ret = id[0] ? csi_volume_load(&p->store, id, &v) : -EINVAL;
@@ -166,19 +183,10 @@ int csi_clone_source(struct csi_plugin *p, struct csi_reply *r,
 				      strerror(-ret));
 			goto out;
 		}
-		if (layers_given &&
-		    !csi_clone_layers_match(want->layers, want->nlayers,
-					    v.layers, v.nlayers)) {
-			csi_reply_set(r, CSI_INVALID_ARGUMENT,
-				      "parameter layers names other layers than volume %s sits on: a clone has its source's layers; drop the parameter or use a class with the same layers",
-				      v.id);
-			ret = -EINVAL;
-			goto out;
-		}
-		ret = csi_clone_capacity(r, req, want, v.capacity, v.id);
+		ret = csi_clone_fit(r, req, want, "volume", v.id, v.layers,
+				    v.nlayers, v.capacity);
 		if (ret)
 			goto out;
-		memcpy(want->source, v.id, sizeof(want->source));
 	} else {
 		csi_reply_set(r, CSI_INVALID_ARGUMENT,
 			      "volume_content_source has neither a snapshot nor a volume");

@@ -40,17 +40,12 @@ static int csi_daemon_layers(pid_t pid, int *fds, int max)
 {
 	char path[64], buf[16384], *o = NULL, *end;
 	ssize_t len;
-	int fd, n = 0;
+	int n = 0;
 
 	snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)pid);
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return -errno;
-	len = read(fd, buf, sizeof(buf) - 1);
-	close(fd);
+	len = csi_record_read_text(AT_FDCWD, path, buf, sizeof(buf));
 	if (len <= 0)
-		return -EIO;
-	buf[len] = '\0';
+		return len ? len : -EIO;
 	for (char *a = buf; a < buf + len; a += strlen(a) + 1)
 		if (!strcmp(a, "-o") && a + 3 < buf + len)
 			o = a + 3;

@@ -272,7 +272,8 @@ static int csi_create_new(struct csi_plugin *p, struct csi_reply *r,
 		return -ERANGE;
 	}
 	want->name = strdup(name);
-	ret = want->name ? csi_volume_new_id(want->id) : -ENOMEM;
+	ret = want->name ? csi_store_new_id(CSI_VOLUME_ID_PREFIX, want->id) :
+			   -ENOMEM;
 	if (!ret)
 		ret = csi_volume_create(&p->store, want);
 	if (ret) {

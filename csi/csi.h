@@ -37,6 +37,9 @@
 /* "ss-" and 32 hex digits, the same way */
 #define CSI_SNAPSHOT_ID_PREFIX "ss-"
 #define CSI_SNAPSHOT_ID_LEN 35
+/* one generator and one check make and take both kinds (store.c, validate.c) */
+_Static_assert(CSI_SNAPSHOT_ID_LEN == CSI_VOLUME_ID_LEN,
+	       "volume and snapshot ids differ only in their prefix");
 /*
  * A chain entry naming a snapshot's layer is '@' and its id: no layer
  * name starts with '@', so the two never collide in a record.
@@ -357,10 +360,12 @@ int csi_reply_id_check(struct csi_reply *r, const char *id);
 
 /* validate.c */
 bool csi_volume_id_valid(const char *id);
+bool csi_snapshot_id_valid(const char *id);
 int csi_layer_name_check(const char *name);
 int csi_split_layers(const char *list, char ***names, int *count);
 void csi_free_strv(char **v, int n);
 int csi_strv_push(char ***v, int *n, const char *s);
+void csi_strv_sort(char **v, int n);
 /* Every map<string,string> entry protoc-c generates has this layout. */
 struct csi_map_entry {
 	ProtobufCMessage base;
@@ -395,6 +400,8 @@ int csi_busy_claim(struct csi_store *s, const char *id, struct csi_reply *r);
 /* record.c: JSON files written atomically */
 int csi_record_write(int dirfd, const char *name, json_object *obj);
 int csi_record_read(int dirfd, const char *name, json_object **obj);
+ssize_t csi_record_read_text(int dirfd, const char *name, char *buf,
+			     size_t size);
 int csi_record_remove(int dirfd, const char *name);
 const char *csi_json_str(json_object *o, const char *key);
 int64_t csi_json_int(json_object *o, const char *key);
@@ -406,7 +413,7 @@ int csi_store_check(struct csi_store *s, char *why, size_t size);
 int csi_store_writable(struct csi_store *s, struct csi_reply *r);
 int64_t csi_store_free(struct csi_store *s);
 bool csi_store_full(struct csi_store *s);
-int csi_volume_new_id(char id[CSI_VOLUME_ID_LEN + 1]);
+int csi_store_new_id(const char *prefix, char id[CSI_VOLUME_ID_LEN + 1]);
 int csi_volume_load(struct csi_store *s, const char *id, struct csi_volume *v);
 int csi_volume_find(struct csi_store *s, const char *name, bool ephemeral,
 		    struct csi_volume *v);
@@ -414,6 +421,11 @@ int csi_volume_create(struct csi_store *s, struct csi_volume *v);
 int csi_volume_save(struct csi_store *s, const struct csi_volume *v);
 int csi_volume_served(struct csi_store *s, const char *id);
 int csi_volume_delete(struct csi_store *s, const char *id);
+/* what csi_store_names lists of NAME: a part of it, or NULL for nothing */
+typedef const char *(*csi_store_keep_fn)(int dirfd, char *name,
+					 const void *arg);
+int csi_store_names(int dirfd, csi_store_keep_fn keep, const void *arg,
+		    char ***names, int *count);
 int csi_store_scan(int dirfd, const char *suffix, char ***ids, int *count);
 int csi_page_first(char **ids, int n, const char *token);
 int csi_volume_list(struct csi_store *s, char ***ids, int *count);
@@ -421,7 +433,6 @@ void csi_volume_free(struct csi_volume *v);
 int csi_layer_open(struct csi_store *s, const char *name);
 
 /* snapshot.c: snapshots in the store, their chains, users, recovery */
-bool csi_snapshot_id_valid(const char *id);
 int csi_chain_entry_check(const char *entry);
 int csi_chain_open(struct csi_store *s, const char *entry);
 void csi_snapshot_free(struct csi_snapshot *ss);

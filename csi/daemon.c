@@ -34,18 +34,10 @@ unsigned long long csi_daemon_starttime(pid_t pid)
 	char path[64], buf[1024], *p;
 	unsigned long long start = 0;
 	char state;
-	ssize_t n;
-	int fd;
 
 	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
+	if (csi_record_read_text(AT_FDCWD, path, buf, sizeof(buf)) <= 0)
 		return 0;
-	n = read(fd, buf, sizeof(buf) - 1);
-	close(fd);
-	if (n <= 0)
-		return 0;
-	buf[n] = '\0';
 	/* the command name may hold spaces and parentheses: skip to the last ')' */
 	p = strrchr(buf, ')');
 	if (!p || sscanf(p + 1, " %c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu",

@@ -65,6 +65,42 @@ static int csi_expand_room(struct csi_plugin *p, struct csi_reply *r,
 	return 0;
 }
 
+/*
+ * The steps both expansions share once their own fields are checked: the
+ * capability (optional), the volume's claim, its record. 0 with V loaded
+ * and the claim held; else the reply is set and neither is held.
+ */
+static int csi_expand_begin(struct csi_plugin *p, struct csi_reply *r,
+			    const char *id,
+			    const Csi__V1__VolumeCapability *cap,
+			    struct csi_volume *v)
+{
+	char why[384];
+	int ret;
+
+	if (cap && csi_capability_check(cap, why, sizeof(why))) {
+		csi_reply_set(r, CSI_INVALID_ARGUMENT, "%s", why);
+		return -EINVAL;
+	}
+	ret = csi_busy_claim(&p->store, id, r);
+	if (ret)
+		return ret;
+	ret = csi_volume_load(&p->store, id, v);
+	if (ret)
+		goto out_leave;
+	/* an inline volume is its pod's own: none to expand */
+	if (v->ephemeral) {
+		csi_volume_free(v);
+		ret = -ENOENT;
+		goto out_leave;
+	}
+	return 0;
+out_leave:
+	csi_reply_load(r, id, ret);
+	csi_busy_leave(&p->store, id);
+	return ret;
+}
+
 void csi_controller_expand(struct csi_plugin *p, const ProtobufCMessage *msg,
 			   struct csi_reply *r)
 {
@@ -73,7 +109,6 @@ void csi_controller_expand(struct csi_plugin *p, const ProtobufCMessage *msg,
 	Csi__V1__ControllerExpandVolumeResponse *out;
 	struct csi_volume v = { 0 };
 	struct csi_node_vol n = { 0 };
-	char why[384];
 	int64_t want;
 	int ret;
 
@@ -86,23 +121,8 @@ void csi_controller_expand(struct csi_plugin *p, const ProtobufCMessage *msg,
 	want = csi_expand_want(r, cr);
 	if (want < 0)
 		return;
-	if (req->volume_capability &&
-	    csi_capability_check(req->volume_capability, why, sizeof(why))) {
-		csi_reply_set(r, CSI_INVALID_ARGUMENT, "%s", why);
+	if (csi_expand_begin(p, r, req->volume_id, req->volume_capability, &v))
 		return;
-	}
-	if (csi_busy_claim(&p->store, req->volume_id, r))
-		return;
-	ret = csi_volume_load(&p->store, req->volume_id, &v);
-	if (ret) {
-		csi_reply_load(r, req->volume_id, ret);
-		goto out;
-	}
-	if (v.ephemeral) {
-		csi_reply_set(r, CSI_NOT_FOUND, "volume %s: no such volume",
-			      req->volume_id);
-		goto out;
-	}
 	if (!csi_expand_done(v.capacity, cr)) {
 		if (!v.capacity || v.capacity > want) {
 			csi_reply_set(r, CSI_OUT_OF_RANGE,
@@ -164,20 +184,8 @@ void csi_node_expand(struct csi_plugin *p, const ProtobufCMessage *msg,
 	}
 	if (cr && csi_expand_want(r, cr) < 0)
 		return;
-	if (req->volume_capability &&
-	    csi_capability_check(req->volume_capability, why, sizeof(why))) {
-		csi_reply_set(r, CSI_INVALID_ARGUMENT, "%s", why);
+	if (csi_expand_begin(p, r, req->volume_id, req->volume_capability, &v))
 		return;
-	}
-	if (csi_busy_claim(&p->store, req->volume_id, r))
-		return;
-	ret = csi_volume_load(&p->store, req->volume_id, &v);
-	if (ret == 0 && v.ephemeral)
-		ret = -ENOENT;
-	if (ret) {
-		csi_reply_load(r, req->volume_id, ret);
-		goto out;
-	}
 	/* the spec's NOT_FOUND: a path where the volume is neither staged nor published */
 	ret = csi_state_load(&p->store, v.id, &n);
 	if (ret == -ENOENT || (ret == 0 && strcmp(n.staging, req->volume_path) &&

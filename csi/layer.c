@@ -388,42 +388,27 @@ out_close:
 	close(fd);
 }
 
-static int csi_layer_cmp(const void *a, const void *b)
+/* A directory with a layer's name. */
+static const char *csi_layer_keep(int dirfd, char *name, const void *arg)
 {
-	return strcmp(*(char *const *)a, *(char *const *)b);
+	struct stat st;
+
+	if (csi_layer_name_check(name) ||
+	    fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) ||
+	    !S_ISDIR(st.st_mode))
+		return NULL;
+	return name;
 }
 
 /* The names of layers/, sorted: directories with a layer's name only. */
 static int csi_layer_names(struct csi_store *s, char ***names, int *count)
 {
-	struct dirent *de;
-	char **v = NULL;
-	int n = 0, ret = 0;
-	struct stat st;
-	DIR *d;
+	int ret = csi_store_names(s->layers_fd, csi_layer_keep, NULL, names,
+				  count);
 
-	d = strata_opendir_at(s->layers_fd, ".");
-	if (!d)
-		return -errno;
-	while ((de = readdir(d))) {
-		if (csi_layer_name_check(de->d_name) ||
-		    fstatat(s->layers_fd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) ||
-		    !S_ISDIR(st.st_mode))
-			continue;
-		ret = csi_strv_push(&v, &n, de->d_name);
-		if (ret)
-			break;
-	}
-	closedir(d);
-	if (ret) {
-		csi_free_strv(v, n);
-		return ret;
-	}
-	if (n)
-		qsort(v, n, sizeof(*v), csi_layer_cmp);
-	*names = v;
-	*count = n;
-	return 0;
+	if (!ret)
+		csi_strv_sort(*names, *count);
+	return ret;
 }
 
 /*

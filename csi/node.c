@@ -600,7 +600,7 @@ static int csi_ephemeral_volume(struct csi_plugin *p, struct csi_reply *r,
 	if (!v->name || !v->parameters)
 		ret = -ENOMEM;
 	if (!ret)
-		ret = csi_volume_new_id(v->id);
+		ret = csi_store_new_id(CSI_VOLUME_ID_PREFIX, v->id);
 	if (!ret)
 		ret = csi_volume_create(&p->store, v);
 out:

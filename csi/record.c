@@ -2,7 +2,8 @@
 /*
  * Records are small JSON files, written so that a crash leaves either the
  * old or the new one and never half of either: a temp file beside the
- * record, fsync, rename over, fsync of the directory.
+ * record, fsync, rename over, fsync of the directory. And the small text
+ * files the plugin reads whole: /proc's, a daemon's usage file.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -116,6 +117,29 @@ out:
 	free(buf);
 	close(fd);
 	return ret;
+}
+
+/*
+ * Reads NAME below DIRFD (AT_FDCWD: a path) into BUF as a string, in one
+ * read of at most SIZE - 1 bytes: what a /proc file or a usage file
+ * holds. Its length, or -errno.
+ */
+ssize_t csi_record_read_text(int dirfd, const char *name, char *buf,
+			     size_t size)
+{
+	ssize_t n;
+	int fd;
+
+	fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+	if (fd < 0)
+		return -errno;
+	n = read(fd, buf, size - 1);
+	if (n < 0)
+		n = -errno;
+	else
+		buf[n] = '\0';
+	close(fd);
+	return n;
 }
 
 int csi_record_remove(int dirfd, const char *name)

@@ -41,7 +41,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -53,29 +52,6 @@
 #define CSI_SNAP_RECORD "snapshot.json"
 /* a daemon syncs its upper before it freezes: give it time to */
 #define CSI_FREEZE_TIMEOUT_MS 60000
-
-bool csi_snapshot_id_valid(const char *id)
-{
-	if (strlen(id) != CSI_SNAPSHOT_ID_LEN ||
-	    strncmp(id, CSI_SNAPSHOT_ID_PREFIX, 3))
-		return false;
-	for (const char *c = id + 3; *c; c++)
-		if (!((*c >= '0' && *c <= '9') || (*c >= 'a' && *c <= 'f')))
-			return false;
-	return true;
-}
-
-static int csi_snapshot_new_id(char id[CSI_SNAPSHOT_ID_LEN + 1])
-{
-	unsigned char rnd[16];
-
-	if (getrandom(rnd, sizeof(rnd), 0) != sizeof(rnd))
-		return -EIO;
-	memcpy(id, CSI_SNAPSHOT_ID_PREFIX, 3);
-	for (int i = 0; i < 16; i++)
-		sprintf(id + 3 + 2 * i, "%02x", rnd[i]);
-	return 0;
-}
 
 /* A chain entry as records hold it: a layer name, or '@' and a snapshot id. */
 int csi_chain_entry_check(const char *entry)
@@ -206,44 +182,34 @@ int csi_snapshot_load(struct csi_store *s, const char *id,
 	return ret;
 }
 
+/* What csi_snapshot_scan looks for: "<prefix><id><suffix>". */
+struct csi_snapshot_affix {
+	const char *prefix;
+	const char *suffix;
+};
+
+/* A name that is "<prefix><id><suffix>" with a snapshot id, cut to the id. */
+static const char *csi_snapshot_keep_id(int dirfd, char *name, const void *arg)
+{
+	const struct csi_snapshot_affix *a = arg;
+	size_t plen = strlen(a->prefix), slen = strlen(a->suffix);
+
+	if (strlen(name) != plen + CSI_SNAPSHOT_ID_LEN + slen ||
+	    strncmp(name, a->prefix, plen) ||
+	    strcmp(name + plen + CSI_SNAPSHOT_ID_LEN, a->suffix))
+		return NULL;
+	name[plen + CSI_SNAPSHOT_ID_LEN] = '\0';
+	return csi_snapshot_id_valid(name + plen) ? name + plen : NULL;
+}
+
 /* The names in snapshots/ that are "<prefix><id><suffix>", as ids. */
 static int csi_snapshot_scan(struct csi_store *s, const char *prefix,
 			     const char *suffix, char ***ids, int *count)
 {
-	size_t plen = strlen(prefix), slen = strlen(suffix);
-	struct dirent *de;
-	char **v = NULL;
-	int n = 0, ret = 0;
-	DIR *d;
+	const struct csi_snapshot_affix a = { prefix, suffix };
 
-	*ids = NULL;
-	*count = 0;
-	d = strata_opendir_at(s->snapshots_fd, ".");
-	if (!d)
-		return -errno;
-	while ((de = readdir(d))) {
-		char *name = de->d_name;
-		size_t len = strlen(name);
-
-		if (len != plen + CSI_SNAPSHOT_ID_LEN + slen ||
-		    strncmp(name, prefix, plen) ||
-		    strcmp(name + plen + CSI_SNAPSHOT_ID_LEN, suffix))
-			continue;
-		name[plen + CSI_SNAPSHOT_ID_LEN] = '\0';
-		if (!csi_snapshot_id_valid(name + plen))
-			continue;
-		ret = csi_strv_push(&v, &n, name + plen);
-		if (ret)
-			break;
-	}
-	closedir(d);
-	if (ret) {
-		csi_free_strv(v, n);
-		return ret;
-	}
-	*ids = v;
-	*count = n;
-	return 0;
+	return csi_store_names(s->snapshots_fd, csi_snapshot_keep_id, &a, ids,
+			       count);
 }
 
 /* The ids of the named snapshots, hidden ones included, unsorted. */
@@ -547,12 +513,19 @@ int csi_snapshot_recover(struct csi_store *s, const char *vid)
 	return first;
 }
 
-static bool csi_chain_has(char **chain, int n, const char *entry)
+/*
+ * One record's part in csi_chain_users: ERR is what loading it gave, and
+ * without an error ID joins USERS when CHAIN (N entries) names ENTRY.
+ */
+static int csi_chain_user(int err, bool strict, const char *id, char **chain,
+			  int n, const char *entry, char ***users, int *count)
 {
+	if (err)
+		return err != -ENOENT && strict ? -EIO : 0;
 	for (int i = 0; i < n; i++)
 		if (!strcmp(chain[i], entry))
-			return true;
-	return false;
+			return csi_strv_push(users, count, id);
+	return 0;
 }
 
 /*
@@ -574,12 +547,9 @@ int csi_chain_users(struct csi_store *s, const char *entry, char ***users,
 		struct csi_volume v;
 		int err = csi_volume_load(s, ids[i], &v);
 
-		if (err) {
-			ret = err != -ENOENT && strict ? -EIO : 0;
-			continue;
-		}
-		if (csi_chain_has(v.layers, v.nlayers, entry))
-			ret = csi_strv_push(users, count, v.id);
+		/* a failed load leaves V empty: safe to pass on and to free */
+		ret = csi_chain_user(err, strict, v.id, v.layers, v.nlayers,
+				     entry, users, count);
 		csi_volume_free(&v);
 	}
 	csi_free_strv(ids, n);
@@ -597,12 +567,8 @@ int csi_chain_users(struct csi_store *s, const char *entry, char ***users,
 				 pass ? CSI_SNAP_NEW : "", ids[i],
 				 pass ? ".json" : "/" CSI_SNAP_RECORD);
 			err = csi_snapshot_read(s, name, &ss);
-			if (err) {
-				ret = err != -ENOENT && strict ? -EIO : 0;
-				continue;
-			}
-			if (csi_chain_has(ss.chain, ss.nchain, entry))
-				ret = csi_strv_push(users, count, ss.id);
+			ret = csi_chain_user(err, strict, ss.id, ss.chain,
+					     ss.nchain, entry, users, count);
 			csi_snapshot_free(&ss);
 		}
 		csi_free_strv(ids, n);
@@ -802,7 +768,7 @@ int csi_snapshot_take(struct csi_plugin *p, struct csi_volume *v,
 	staged = ret == 0;
 	if (staged)
 		csi_state_free(&n);
-	ret = csi_snapshot_new_id(ss->id);
+	ret = csi_store_new_id(CSI_SNAPSHOT_ID_PREFIX, ss->id);
 	if (ret)
 		goto out_why;
 	memcpy(ss->source, v->id, sizeof(ss->source));

@@ -226,13 +226,17 @@ bool csi_store_full(struct csi_store *s)
 	       (st.f_bavail == 0 || st.f_favail == 0);
 }
 
-int csi_volume_new_id(char id[CSI_VOLUME_ID_LEN + 1])
+/*
+ * A new volume or snapshot id: PREFIX (CSI_VOLUME_ID_PREFIX or
+ * CSI_SNAPSHOT_ID_PREFIX) and 128 random bits, so that no id is made twice.
+ */
+int csi_store_new_id(const char *prefix, char id[CSI_VOLUME_ID_LEN + 1])
 {
 	unsigned char rnd[16];
 
 	if (getrandom(rnd, sizeof(rnd), 0) != sizeof(rnd))
 		return -EIO;
-	memcpy(id, CSI_VOLUME_ID_PREFIX, 3);
+	memcpy(id, prefix, 3);
 	for (int i = 0; i < 16; i++)
 		sprintf(id + 3 + 2 * i, "%02x", rnd[i]);
 	return 0;
@@ -310,11 +314,6 @@ int csi_volume_load(struct csi_store *s, const char *id, struct csi_volume *v)
 	return ret;
 }
 
-static int csi_strcmp_p(const void *a, const void *b)
-{
-	return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
 /*
  * Sorts a listing's ids, and returns the index of the first one after
  * TOKEN ("" for the start). Pages go in id order and a token is the last
@@ -325,37 +324,36 @@ int csi_page_first(char **ids, int n, const char *token)
 {
 	int first = 0;
 
-	if (n)
-		qsort(ids, n, sizeof(*ids), csi_strcmp_p);
+	csi_strv_sort(ids, n);
 	while (token[0] && first < n && strcmp(ids[first], token) <= 0)
 		first++;
 	return first;
 }
 
-/* The volume ids named in a directory, as "<id><suffix>". */
-int csi_store_scan(int dirfd, const char *suffix, char ***ids, int *count)
+/*
+ * The names in directory DIRFD that KEEP takes, in readdir order. KEEP
+ * returns the part of NAME to list (it may cut NAME short in place), or
+ * NULL to pass over it: the store's listings differ only there.
+ */
+int csi_store_names(int dirfd, csi_store_keep_fn keep, const void *arg,
+		    char ***names, int *count)
 {
-	int n = 0, ret = 0;
-	size_t slen = strlen(suffix);
 	struct dirent *de;
 	char **v = NULL;
+	int n = 0, ret = 0;
 	DIR *d;
 
-	*ids = NULL;
+	*names = NULL;
 	*count = 0;
 	d = strata_opendir_at(dirfd, ".");
 	if (!d)
 		return -errno;
 	while ((de = readdir(d))) {
-		size_t len = strlen(de->d_name);
+		const char *name = keep(dirfd, de->d_name, arg);
 
-		if (len != CSI_VOLUME_ID_LEN + slen ||
-		    strcmp(de->d_name + CSI_VOLUME_ID_LEN, suffix))
+		if (!name)
 			continue;
-		de->d_name[CSI_VOLUME_ID_LEN] = '\0';
-		if (!csi_volume_id_valid(de->d_name))
-			continue;
-		ret = csi_strv_push(&v, &n, de->d_name);
+		ret = csi_strv_push(&v, &n, name);
 		if (ret)
 			break;
 	}
@@ -364,9 +362,27 @@ int csi_store_scan(int dirfd, const char *suffix, char ***ids, int *count)
 		csi_free_strv(v, n);
 		return ret;
 	}
-	*ids = v;
+	*names = v;
 	*count = n;
 	return 0;
+}
+
+/* "<id><suffix>" with a volume id, cut to the id. */
+static const char *csi_store_keep_id(int dirfd, char *name, const void *suffix)
+{
+	size_t slen = strlen(suffix);
+
+	if (strlen(name) != CSI_VOLUME_ID_LEN + slen ||
+	    strcmp(name + CSI_VOLUME_ID_LEN, suffix))
+		return NULL;
+	name[CSI_VOLUME_ID_LEN] = '\0';
+	return csi_volume_id_valid(name) ? name : NULL;
+}
+
+/* The volume ids named in a directory, as "<id><suffix>". */
+int csi_store_scan(int dirfd, const char *suffix, char ***ids, int *count)
+{
+	return csi_store_names(dirfd, csi_store_keep_id, suffix, ids, count);
 }
 
 int csi_volume_list(struct csi_store *s, char ***ids, int *count)

@@ -43,18 +43,13 @@ static int csi_usage_read_file(struct csi_store *s, const char *id,
 {
 	char path[CSI_VOLUME_ID_LEN + 16], buf[256];
 	long long bytes, inodes;
-	int fd, clean, end = 0;
+	int clean, end = 0;
 	ssize_t len;
 
 	snprintf(path, sizeof(path), "%s/usage", id);
-	fd = openat(s->volumes_fd, path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-	if (fd < 0)
-		return -errno;
-	len = read(fd, buf, sizeof(buf) - 1);
-	close(fd);
+	len = csi_record_read_text(s->volumes_fd, path, buf, sizeof(buf));
 	if (len < 0)
-		return -errno;
-	buf[len] = '\0';
+		return len;
 	if (sscanf(buf, "strata-usage 1\nbytes=%lld\ninodes=%lld\nclean=%d\n%n",
 		   &bytes, &inodes, &clean, &end) != 3 || end != len ||
 	    bytes < 0 || inodes < 0)

@@ -14,15 +14,25 @@
 
 #include "csi.h"
 
-bool csi_volume_id_valid(const char *id)
+/* An id as csi_store_new_id makes it with PREFIX, of either kind. */
+static bool csi_id_valid(const char *id, const char *prefix)
 {
-	if (strlen(id) != CSI_VOLUME_ID_LEN ||
-	    strncmp(id, CSI_VOLUME_ID_PREFIX, 3) != 0)
+	if (strlen(id) != CSI_VOLUME_ID_LEN || strncmp(id, prefix, 3) != 0)
 		return false;
 	for (const char *c = id + 3; *c; c++)
 		if (!isdigit((unsigned char)*c) && !(*c >= 'a' && *c <= 'f'))
 			return false;
 	return true;
+}
+
+bool csi_volume_id_valid(const char *id)
+{
+	return csi_id_valid(id, CSI_VOLUME_ID_PREFIX);
+}
+
+bool csi_snapshot_id_valid(const char *id)
+{
+	return csi_id_valid(id, CSI_SNAPSHOT_ID_PREFIX);
 }
 
 /*
@@ -65,6 +75,18 @@ int csi_strv_push(char ***v, int *n, const char *s)
 		return -ENOMEM;
 	(*n)++;
 	return 0;
+}
+
+static int csi_strv_cmp(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Sorts V, of N entries, in strcmp order: listings answer in name order. */
+void csi_strv_sort(char **v, int n)
+{
+	if (n)
+		qsort(v, n, sizeof(*v), csi_strv_cmp);
 }
 
 /* Splits "a,b" into names; an empty element is an error, not skipped. */

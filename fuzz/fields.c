@@ -124,7 +124,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 	fz_quiet();
 	snprintf(root, sizeof(root), "%s/store", fz_scratch());
 	FZ_CHECK(csi_store_open(&fz_store, root) == 0);
-	FZ_CHECK(csi_volume_new_id(v.id) == 0);
+	FZ_CHECK(csi_store_new_id(CSI_VOLUME_ID_PREFIX, v.id) == 0);
 	v.name = strdup("fuzz");
 	FZ_CHECK(v.name && csi_volume_create(&fz_store, &v) == 0);
 	memcpy(fz_id, v.id, sizeof(fz_id));

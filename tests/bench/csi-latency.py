@@ -15,35 +15,16 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
-import grpc
-
 REPO = os.path.realpath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(REPO, "tests", "bench", "lib"))
 
+from csiplugin import Plugin  # noqa: E402
 from percentile import pct  # noqa: E402
-
-
-def load_pb(tmp):
-    subprocess.run(["protoc", f"--python_out={tmp}", f"-I{REPO}/csi",
-                    f"{REPO}/csi/csi.proto"], check=True)
-    sys.path.insert(0, tmp)
-    import csi_pb2
-    return csi_pb2
-
-
-def rpc(ch, pb, service, method, req):
-    name = method + "Response"
-    f = ch.unary_unary(f"/csi.v1.{service}/{method}",
-                       request_serializer=lambda m: m.SerializeToString(),
-                       response_deserializer=getattr(pb, name).FromString)
-    return f(req, timeout=60)
 
 
 def main():
@@ -57,50 +38,35 @@ def main():
         sys.exit("csi-latency: mounting needs root")
 
     tmp = tempfile.mkdtemp(prefix="strata-csi-lat.")
-    pb = load_pb(tmp)
-    root = os.path.join(tmp, "root")
-    os.makedirs(os.path.join(root, "layers", "base", "dir"))
+    layer = os.path.join(tmp, "root", "layers", "base", "dir")
+    os.makedirs(layer)
     for i in range(100):
-        with open(os.path.join(root, "layers", "base", "dir", f"f{i}"), "w") as f:
+        with open(os.path.join(layer, f"f{i}"), "w") as f:
             f.write("x" * 1000)
-    sock = os.path.join(tmp, "csi.sock")
-    log = open(os.path.join(tmp, "plugin.log"), "w")
-    plugin = subprocess.Popen(
-        [os.path.join(args.bin, "strata-csi"), "--endpoint", f"unix://{sock}",
-         "--nodeid", "bench", "--root", root, "-v", "0",
-         "--stratafs", os.path.join(args.bin, "stratafs")],
-        stdout=log, stderr=log)
-    ch = grpc.insecure_channel(f"unix://{sock}")
+    plugin = Plugin(args.bin, tmp, timeout=60)
+    pb = plugin.pb
     try:
-        grpc.channel_ready_future(ch).result(timeout=15)
-        cap = pb.VolumeCapability(
-            mount=pb.VolumeCapability.MountVolume(),
-            access_mode=pb.VolumeCapability.AccessMode(mode=1))
-        vid = rpc(ch, pb, "Controller", "CreateVolume", pb.CreateVolumeRequest(
-            name="bench", volume_capabilities=[cap],
-            parameters={"layers": "base"})).volume.volume_id
+        vid = plugin.create_volume("bench", parameters={"layers": "base"})
         staging = os.path.join(tmp, "staging")
         target = os.path.join(tmp, "pod", "vol")
         os.makedirs(os.path.dirname(target))
         stage, publish = [], []
         for _ in range(args.runs):
             t0 = time.perf_counter()
-            rpc(ch, pb, "Node", "NodeStageVolume", pb.NodeStageVolumeRequest(
-                volume_id=vid, staging_target_path=staging,
-                volume_capability=cap))
+            plugin.stage(vid, staging)
             t1 = time.perf_counter()
-            rpc(ch, pb, "Node", "NodePublishVolume", pb.NodePublishVolumeRequest(
+            plugin.call("Node", "NodePublishVolume", pb.NodePublishVolumeRequest(
                 volume_id=vid, staging_target_path=staging, target_path=target,
-                volume_capability=cap))
+                volume_capability=plugin.cap))
             t2 = time.perf_counter()
             os.stat(os.path.join(target, "dir", "f1"))
-            rpc(ch, pb, "Node", "NodeUnpublishVolume", pb.NodeUnpublishVolumeRequest(
+            plugin.call("Node", "NodeUnpublishVolume", pb.NodeUnpublishVolumeRequest(
                 volume_id=vid, target_path=target))
-            rpc(ch, pb, "Node", "NodeUnstageVolume", pb.NodeUnstageVolumeRequest(
-                volume_id=vid, staging_target_path=staging))
+            plugin.unstage(vid, staging)
             stage.append((t1 - t0) * 1e3)
             publish.append((t2 - t1) * 1e3)
-        rpc(ch, pb, "Controller", "DeleteVolume", pb.DeleteVolumeRequest(volume_id=vid))
+        plugin.call("Controller", "DeleteVolume",
+                    pb.DeleteVolumeRequest(volume_id=vid))
         print(f"{args.runs} runs, milliseconds, from a Python gRPC client "
               f"(round trip included)")
         print(f"{'rpc':<22}{'median':>9}{'p90':>9}{'p99':>9}{'max':>9}")
@@ -111,10 +77,7 @@ def main():
             with open(args.json, "w") as f:
                 json.dump({"stage_ms": stage, "publish_ms": publish}, f)
     finally:
-        ch.close()
-        plugin.send_signal(signal.SIGTERM)
-        plugin.wait(timeout=30)
-        log.close()
+        plugin.stop()
         shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -18,7 +18,6 @@ asserts that nothing fails, never a time.
 """
 
 import argparse
-import json
 import os
 import re
 import shutil
@@ -31,10 +30,10 @@ REPO = os.path.realpath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(REPO, "tests", "bench", "lib"))
 sys.path.insert(0, os.path.join(REPO, "tests", "lib"))
 
+import mount_load  # noqa: E402
 from percentile import pct  # noqa: E402
 from strata_common import control_call  # noqa: E402
 
-LOAD = os.path.join(REPO, "tests", "lib", "mount_load.py")
 KINDS = ("writer", "lister", "probe")
 
 
@@ -74,13 +73,7 @@ def run(args, base):
             os.lstat(os.path.join(top, name))
             looked += 1
     print(f"looked up {looked} entries in {time.monotonic() - t:.1f} s")
-    seconds = args.events * args.interval + 3
-    loads = []
-    for k in KINDS:
-        res = os.path.join(base, f"{k}.json")
-        d = os.path.join(mnt, "w") if k == "writer" else mnt
-        loads.append((k, subprocess.Popen([sys.executable, LOAD, k, d,
-                                           str(seconds), res]), res))
+    loads = mount_load.start(KINDS, mnt, args.events * args.interval + 3, base)
     events = []
     try:
         time.sleep(1)
@@ -94,11 +87,7 @@ def run(args, base):
             if status != 0:
                 sys.exit(f"freeze-stall: freeze {i}: {status} {text}")
             events.append((at, took))
-        results = {}
-        for k, p, res in loads:
-            p.wait()
-            with open(res) as f:
-                results[k] = json.load(f)
+        results = mount_load.results(loads)
         with open(os.path.join(mnt, "w", "log"), "rb") as f:
             lines = f.read().splitlines()
     finally:

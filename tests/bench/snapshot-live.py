@@ -25,26 +25,18 @@ A benchmark, not a test: nothing here asserts a time.
 import argparse
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 
-import grpc
-
 REPO = os.path.realpath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "tests", "bench", "lib"))
 
-from snapshot import du, load_pb, size_arg  # noqa: E402
-
-
-def call(ch, pb, service, method, req):
-    f = ch.unary_unary(f"/csi.v1.{service}/{method}",
-                       request_serializer=lambda m: m.SerializeToString(),
-                       response_deserializer=getattr(pb, method + "Response").FromString)
-    return f(req, timeout=600)
+from csiplugin import Plugin  # noqa: E402
+from snapshot import du, volume_args  # noqa: E402
 
 
 class Writer(threading.Thread):
@@ -79,44 +71,20 @@ class Writer(threading.Thread):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--bin", default=os.path.join(REPO, "build"),
-                    help="build directory with strata-csi and stratafs")
-    ap.add_argument("--size", type=size_arg, default=10 << 30,
-                    help="bytes in the volume (default 10G)")
-    ap.add_argument("--files", type=int, default=10)
+    volume_args(ap)
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--dir", default="/var/tmp",
-                    help="where the temporary store goes (one filesystem)")
     args = ap.parse_args()
 
     tmp = tempfile.mkdtemp(prefix="strata-snap-live.", dir=args.dir)
-    pb = load_pb(tmp)
     root = os.path.join(tmp, "root")
     os.makedirs(os.path.join(root, "layers", "base"))
     staging = os.path.join(tmp, "staging")
     os.makedirs(staging)
-    # the socket's directory is one the plugin never mounts in
-    os.makedirs(os.path.join(tmp, "sock"))
-    sock = os.path.join(tmp, "sock", "csi.sock")
-    log = open(os.path.join(tmp, "plugin.log"), "w")
-    plugin = subprocess.Popen(
-        [os.path.join(args.bin, "strata-csi"), "--endpoint", f"unix://{sock}",
-         "--nodeid", "bench", "--root", root, "-v", "0",
-         "--stratafs", os.path.join(args.bin, "stratafs")],
-        stdout=log, stderr=log)
-    ch = grpc.insecure_channel(f"unix://{sock}")
+    plugin = Plugin(args.bin, tmp, timeout=600)
     writer = vid = None
     try:
-        grpc.channel_ready_future(ch).result(timeout=15)
-        cap = pb.VolumeCapability(
-            mount=pb.VolumeCapability.MountVolume(),
-            access_mode=pb.VolumeCapability.AccessMode(mode=1))
-        vid = call(ch, pb, "Controller", "CreateVolume", pb.CreateVolumeRequest(
-            name="live", volume_capabilities=[cap],
-            parameters={"layers": "base"})).volume.volume_id
-        call(ch, pb, "Node", "NodeStageVolume", pb.NodeStageVolumeRequest(
-            volume_id=vid, staging_target_path=staging,
-            volume_capability=cap))
+        vid = plugin.create_volume("live", parameters={"layers": "base"})
+        plugin.stage(vid, staging)
         each = args.size // args.files
         for i in range(args.files):
             subprocess.run(["fallocate", "-l", str(each),
@@ -134,7 +102,7 @@ def main():
             before, wrote = du(root), writer.written
             logsize = os.stat(os.path.join(staging, "log")).st_size
             t0 = time.monotonic()
-            call(ch, pb, "Controller", "CreateSnapshot", pb.CreateSnapshotRequest(
+            plugin.call("Controller", "CreateSnapshot", plugin.pb.CreateSnapshotRequest(
                 name=f"s{n}", source_volume_id=vid))
             t1 = time.monotonic()
             time.sleep(0.5)    # the writer's next write copies its file up
@@ -149,11 +117,8 @@ def main():
             writer.stop.set()
             writer.join(timeout=30)
         if vid:
-            call(ch, pb, "Node", "NodeUnstageVolume", pb.NodeUnstageVolumeRequest(
-                volume_id=vid, staging_target_path=staging))
-        ch.close()
-        plugin.send_signal(signal.SIGTERM)
-        plugin.wait(timeout=30)
+            plugin.unstage(vid, staging)
+        plugin.stop()
         shutil.rmtree(tmp, ignore_errors=True)
 
 

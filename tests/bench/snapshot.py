@@ -21,30 +21,15 @@ minutes and writes --size to the disk; the store is removed at the end.
 import argparse
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 
-import grpc
-
 REPO = os.path.realpath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(REPO, "tests", "bench", "lib"))
 
-
-def load_pb(tmp):
-    subprocess.run(["protoc", f"--python_out={tmp}", f"-I{REPO}/csi",
-                    f"{REPO}/csi/csi.proto"], check=True)
-    sys.path.insert(0, tmp)
-    import csi_pb2
-    return csi_pb2
-
-
-def rpc(ch, pb, method, req):
-    f = ch.unary_unary(f"/csi.v1.Controller/{method}",
-                       request_serializer=lambda m: m.SerializeToString(),
-                       response_deserializer=getattr(pb, method + "Response").FromString)
-    return f(req, timeout=600)
+from csiplugin import Plugin  # noqa: E402
 
 
 def du(path):
@@ -59,6 +44,18 @@ def size_arg(s):
     return int(s[:-1]) * units[s[-1].upper()] if s[-1].upper() in units else int(s)
 
 
+def volume_args(ap):
+    """The options of both snapshot benchmarks (snapshot-live.py too):
+    the build, the volume's size and files, where the store goes."""
+    ap.add_argument("--bin", default=os.path.join(REPO, "build"),
+                    help="build directory with strata-csi and stratafs")
+    ap.add_argument("--size", type=size_arg, default=10 << 30,
+                    help="bytes in the volume (default 10G)")
+    ap.add_argument("--files", type=int, default=10)
+    ap.add_argument("--dir", default="/var/tmp",
+                    help="where the temporary store goes (one filesystem)")
+
+
 def timed(fn):
     t0 = time.perf_counter()
     r = fn()
@@ -67,36 +64,17 @@ def timed(fn):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--bin", default=os.path.join(REPO, "build"),
-                    help="build directory with strata-csi and stratafs")
-    ap.add_argument("--size", type=size_arg, default=10 << 30,
-                    help="bytes in the volume (default 10G)")
-    ap.add_argument("--files", type=int, default=10)
-    ap.add_argument("--dir", default="/var/tmp",
-                    help="where the temporary store goes (one filesystem)")
+    volume_args(ap)
     args = ap.parse_args()
 
     tmp = tempfile.mkdtemp(prefix="strata-snap-bench.", dir=args.dir)
-    pb = load_pb(tmp)
     root = os.path.join(tmp, "root")
     os.makedirs(os.path.join(root, "layers", "base"))
-    sock = os.path.join(tmp, "csi.sock")
-    log = open(os.path.join(tmp, "plugin.log"), "w")
-    plugin = subprocess.Popen(
-        [os.path.join(args.bin, "strata-csi"), "--endpoint", f"unix://{sock}",
-         "--nodeid", "bench", "--root", root, "-v", "0",
-         "--stratafs", os.path.join(args.bin, "stratafs")],
-        stdout=log, stderr=log)
-    ch = grpc.insecure_channel(f"unix://{sock}")
+    plugin = Plugin(args.bin, tmp, timeout=600)
+    pb = plugin.pb
     rows = []
     try:
-        grpc.channel_ready_future(ch).result(timeout=15)
-        cap = pb.VolumeCapability(
-            mount=pb.VolumeCapability.MountVolume(),
-            access_mode=pb.VolumeCapability.AccessMode(mode=1))
-        vid = rpc(ch, pb, "CreateVolume", pb.CreateVolumeRequest(
-            name="big", volume_capabilities=[cap],
-            parameters={"layers": "base"})).volume.volume_id
+        vid = plugin.create_volume("big", parameters={"layers": "base"})
         upper = os.path.join(root, "volumes", vid, "upper")
         each = args.size // args.files
         for i in range(args.files):
@@ -112,19 +90,15 @@ def main():
             rows.append((name, secs, du(root) - before))
             return r
 
-        sid = step("CreateSnapshot", lambda: rpc(ch, pb, "CreateSnapshot",
-                   pb.CreateSnapshotRequest(name="s", source_volume_id=vid))
-                   ).snapshot.snapshot_id
-        step("CreateVolume from snapshot", lambda: rpc(
-            ch, pb, "CreateVolume", pb.CreateVolumeRequest(
-                name="c1", volume_capabilities=[cap],
-                volume_content_source=pb.VolumeContentSource(
-                    snapshot=pb.VolumeContentSource.SnapshotSource(snapshot_id=sid)))))
-        step("CreateVolume from volume", lambda: rpc(
-            ch, pb, "CreateVolume", pb.CreateVolumeRequest(
-                name="c2", volume_capabilities=[cap],
-                volume_content_source=pb.VolumeContentSource(
-                    volume=pb.VolumeContentSource.VolumeSource(volume_id=vid)))))
+        sid = step("CreateSnapshot", lambda: plugin.call(
+            "Controller", "CreateSnapshot", pb.CreateSnapshotRequest(
+                name="s", source_volume_id=vid))).snapshot.snapshot_id
+        step("CreateVolume from snapshot", lambda: plugin.create_volume(
+            "c1", volume_content_source=pb.VolumeContentSource(
+                snapshot=pb.VolumeContentSource.SnapshotSource(snapshot_id=sid))))
+        step("CreateVolume from volume", lambda: plugin.create_volume(
+            "c2", volume_content_source=pb.VolumeContentSource(
+                volume=pb.VolumeContentSource.VolumeSource(volume_id=vid))))
         layer = os.path.join(root, "snapshots", sid, "layer")
         step("cp -a of the upper", lambda: subprocess.run(
             ["cp", "-a", layer, os.path.join(tmp, "root", "copy")], check=True))
@@ -135,10 +109,7 @@ def main():
         for name, secs, grew in rows:
             print(f"{name:<30}{secs:12.4f}{grew:24d}")
     finally:
-        ch.close()
-        plugin.send_signal(signal.SIGTERM)
-        plugin.wait(timeout=30)
-        log.close()
+        plugin.stop()
         shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -16,9 +16,7 @@ counters does not. A benchmark, not a test: nothing here asserts a time.
 import argparse
 import os
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,22 +26,8 @@ import grpc
 REPO = os.path.realpath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(REPO, "tests", "bench", "lib"))
 
+from csiplugin import Plugin  # noqa: E402
 from percentile import pct  # noqa: E402
-
-
-def load_pb(tmp):
-    subprocess.run(["protoc", f"--python_out={tmp}", f"-I{REPO}/csi",
-                    f"{REPO}/csi/csi.proto"], check=True)
-    sys.path.insert(0, tmp)
-    import csi_pb2
-    return csi_pb2
-
-
-def rpc(ch, pb, service, method, req):
-    f = ch.unary_unary(f"/csi.v1.{service}/{method}",
-                       request_serializer=lambda m: m.SerializeToString(),
-                       response_deserializer=getattr(pb, method + "Response").FromString)
-    return f(req, timeout=120)
 
 
 def cpu_seconds(pid):
@@ -63,45 +47,30 @@ def main():
         sys.exit("stats-cost: mounting needs root")
 
     tmp = tempfile.mkdtemp(prefix="strata-stats.")
-    pb = load_pb(tmp)
-    root = os.path.join(tmp, "root")
-    os.makedirs(os.path.join(root, "layers", "base"))
-    # the plugin never mounts in or above its socket's directory
-    os.makedirs(os.path.join(tmp, "run"))
-    sock = os.path.join(tmp, "run", "csi.sock")
-    log = open(os.path.join(tmp, "plugin.log"), "w")
-    plugin = subprocess.Popen(
-        [os.path.join(args.bin, "strata-csi"), "--endpoint", f"unix://{sock}",
-         "--nodeid", "bench", "--root", root, "-v", "0",
-         "--stratafs", os.path.join(args.bin, "stratafs")],
-        stdout=log, stderr=log)
-    ch = grpc.insecure_channel(f"unix://{sock}")
+    os.makedirs(os.path.join(tmp, "root", "layers", "base"))
+    plugin = Plugin(args.bin, tmp, timeout=120)
+    pb = plugin.pb
     staging = os.path.join(tmp, "staging")
     vid = None
     try:
-        grpc.channel_ready_future(ch).result(timeout=15)
-        cap = pb.VolumeCapability(
-            mount=pb.VolumeCapability.MountVolume(),
-            access_mode=pb.VolumeCapability.AccessMode(mode=1))
-        vid = rpc(ch, pb, "Controller", "CreateVolume", pb.CreateVolumeRequest(
-            name="bench", volume_capabilities=[cap], parameters={"layers": "base"},
-            capacity_range=pb.CapacityRange(required_bytes=1 << 30))).volume.volume_id
-        rpc(ch, pb, "Node", "NodeStageVolume", pb.NodeStageVolumeRequest(
-            volume_id=vid, staging_target_path=staging, volume_capability=cap))
+        vid = plugin.create_volume(
+            "bench", parameters={"layers": "base"},
+            capacity_range=pb.CapacityRange(required_bytes=1 << 30))
+        plugin.stage(vid, staging)
         for d in range(args.files // 1000 + 1):
             os.makedirs(os.path.join(staging, f"d{d}"), exist_ok=True)
         for i in range(args.files):
             with open(os.path.join(staging, f"d{i // 1000}", f"f{i}"), "w") as f:
                 f.write("x" * 100)
         req = pb.NodeGetVolumeStatsRequest(volume_id=vid, volume_path=staging)
-        rpc(ch, pb, "Node", "NodeGetVolumeStats", req)
+        plugin.call("Node", "NodeGetVolumeStats", req)
         lat = []
-        cpu0 = cpu_seconds(plugin.pid)
+        cpu0 = cpu_seconds(plugin.proc.pid)
         for _ in range(args.runs):
             t0 = time.perf_counter()
-            r = rpc(ch, pb, "Node", "NodeGetVolumeStats", req)
+            r = plugin.call("Node", "NodeGetVolumeStats", req)
             lat.append((time.perf_counter() - t0) * 1e3)
-        cpu = (cpu_seconds(plugin.pid) - cpu0) / args.runs * 1e3
+        cpu = (cpu_seconds(plugin.proc.pid) - cpu0) / args.runs * 1e3
         used = {u.unit: u.used for u in r.usage}
         print(f"{args.files} files, {args.runs} calls of NodeGetVolumeStats "
               f"(milliseconds, Python gRPC client, round trip included)")
@@ -111,14 +80,10 @@ def main():
     finally:
         if vid:
             try:
-                rpc(ch, pb, "Node", "NodeUnstageVolume", pb.NodeUnstageVolumeRequest(
-                    volume_id=vid, staging_target_path=staging))
+                plugin.unstage(vid, staging)
             except grpc.RpcError as e:
                 print(f"unstage: {e.details()}", file=sys.stderr)
-        ch.close()
-        plugin.send_signal(signal.SIGTERM)
-        plugin.wait(timeout=30)
-        log.close()
+        plugin.stop()
         shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -16,7 +16,6 @@ nothing fails, never a time.
 """
 
 import argparse
-import json
 import os
 import shutil
 import signal
@@ -27,10 +26,11 @@ import time
 
 REPO = os.path.realpath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(REPO, "tests", "bench", "lib"))
+sys.path.insert(0, os.path.join(REPO, "tests", "lib"))
 
+import mount_load  # noqa: E402
 from percentile import pct  # noqa: E402
 
-LOAD = os.path.join(REPO, "tests", "lib", "mount_load.py")
 KINDS = ("writer", "reader", "lister", "fsx", "churn", "probe")
 
 
@@ -68,13 +68,8 @@ def mount(binary, base):
 def run(args, base):
     proc, mnt = mount(args.bin, base)
     events = []
-    seconds = 2 * args.events * args.interval + 3
-    loads = []
-    for k in KINDS:
-        res = os.path.join(base, f"{k}.json")
-        d = os.path.join(mnt, "w") if k == "writer" else mnt
-        loads.append((k, subprocess.Popen([sys.executable, LOAD, k, d,
-                                           str(seconds), res]), res))
+    loads = mount_load.start(KINDS, mnt, 2 * args.events * args.interval + 3,
+                             base)
     try:
         time.sleep(1)
         w = worker(proc.pid)
@@ -87,11 +82,7 @@ def run(args, base):
                 else:
                     os.kill(proc.pid, signal.SIGHUP)
                 w = worker(proc.pid, old=w)
-        results = {}
-        for k, p, res in loads:
-            p.wait()
-            with open(res) as f:
-                results[k] = json.load(f)
+        results = mount_load.results(loads)
     finally:
         subprocess.run(["fusermount3", "-u", mnt], check=False)
         proc.wait(30)

@@ -5,7 +5,6 @@ answers from the daemon's counters without a walk, and online expansion
 (ControllerExpandVolume, NodeExpandVolume, stratactl expand-volume) raises
 the limit of a published volume at once."""
 
-import errno
 import os
 import signal
 import subprocess
@@ -14,7 +13,7 @@ import pytest
 
 from csitest import (Kubelet, MiB, answers, pb, poll, read_file,
                      stratactl_binary, stratafs_binary)
-from strata_common import control_call
+from strata_common import control_usage, fill_to_enospc
 
 UNKNOWN_ID = "sv-" + "f" * 32
 
@@ -25,25 +24,7 @@ def usage(reply):
 
 
 def daemon_usage(p, vid):
-    status, text = control_call(p.path("node", f"{vid}.ctl"), "usage")
-    assert status == 0, text
-    return {k: int(v) for k, v in (f.split("=") for f in text.split())}
-
-
-def fill(path, limit=64 * MiB, byte=b"d"):
-    """Appends 64 KiB writes until ENOSPC; returns what was written."""
-    done = 0
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    try:
-        while done < limit:
-            try:
-                done += os.write(fd, byte * 65536)
-            except OSError as e:
-                assert e.errno == errno.ENOSPC, e
-                return done
-    finally:
-        os.close(fd)
-    pytest.fail(f"{limit} bytes went into {path} without ENOSPC")
+    return control_usage(p.path("node", f"{vid}.ctl"))
 
 
 def expand(csi, vid, required, limit=0):
@@ -70,7 +51,7 @@ def test_capacity_enforced_in_the_pod(strata, csi, published):
     assert "capacity=10485760" in " ".join(
         open(f"/proc/{strata.daemon_pid(vid)}/cmdline").read().split("\0"))
     assert size_of(tgt) == size_of(st) == 10 * MiB
-    done = fill(os.path.join(tgt, "eleven"), limit=11 * MiB)
+    done = fill_to_enospc(os.path.join(tgt, "eleven"), limit=11 * MiB)
     assert 9 * MiB < done <= 10 * MiB
     assert read_file(os.path.join(tgt, "eleven")) == b"d" * done
 
@@ -127,7 +108,7 @@ def test_expand_while_published(env, strata, csi, kubelet):
     vid = kubelet.create("grow", capacity=4 * MiB)
     st = kubelet.stage(vid)
     tgt = kubelet.publish(vid, st)
-    done = fill(os.path.join(tgt, "f"))
+    done = fill_to_enospc(os.path.join(tgt, "f"))
     code, r = expand(csi, vid, 12 * MiB)
     assert code == "OK", r
     assert r.capacity_bytes == 12 * MiB and r.node_expansion_required
@@ -139,7 +120,7 @@ def test_expand_while_published(env, strata, csi, kubelet):
     assert r.capacity_bytes == 12 * MiB
     # ... NodeExpandVolume does, at once, and the writes go on
     assert size_of(tgt) == 12 * MiB
-    more = fill(os.path.join(tgt, "f"))
+    more = fill_to_enospc(os.path.join(tgt, "f"))
     assert more > 7 * MiB
     assert read_file(os.path.join(tgt, "f")) == b"d" * (done + more)
     # a daemon started later (a new stage) takes it from the record
@@ -219,7 +200,7 @@ def test_heal_keeps_the_usage(strata, csi, published):
     assert after["capacity"] == 10 * MiB
     code, r = csi.NodeGetVolumeStats(volume_id=vid, volume_path=tgt)
     assert code == "OK" and usage(r)["BYTES"].used == before["used"]
-    done = fill(os.path.join(tgt, "more"))
+    done = fill_to_enospc(os.path.join(tgt, "more"))
     assert done <= 10 * MiB - before["used"]
 
 

@@ -424,18 +424,11 @@ def test_a_snapshot_cut_before_the_move_is_dropped(csi, kubelet, strata):
 def test_snapshots_valgrind_clean(env, strata):
     """Snapshots, clones and their refusals under valgrind: no memory error,
     no definite leak (test_valgrind.py's rules)."""
-    import shutil
-    import signal
-    from csitest import is_sanitizer_build, strata_csi_binary
-    from test_valgrind import VALGRIND
-    if is_sanitizer_build(strata_csi_binary()):
-        pytest.skip("a sanitizer build: the sanitizer checks memory there")
-    assert shutil.which("valgrind"), "valgrind is not installed (scripts/deps.sh)"
+    from test_valgrind import (assert_valgrind_clean, require_valgrind,
+                               valgrind_plugin)
+    require_valgrind()
     strata.stop()
-    vlog = os.path.join(env.base, "valgrind.%p.log")
-    p = env.plugin(root=strata.root, prefix=VALGRIND + [f"--log-file={vlog}"],
-                   start=False)
-    p.start(wait="ready", timeout=120)
+    p = valgrind_plugin(env, strata.root)
     csi, k = p.csi, Kubelet(env, p)
     vid = k.create("v", capacity=8 << 20)
     sid = snap(csi, "s", vid)
@@ -458,16 +451,7 @@ def test_snapshots_valgrind_clean(env, strata):
     for v in (c1.reply.volume.volume_id, c2.reply.volume.volume_id, vid, other):
         k.delete(v)
     assert snapshot_dirs(p) == []
-    rc = p.stop(signal.SIGTERM, timeout=60)
-    logs = ""
-    for n in os.listdir(env.base):
-        if n.startswith("valgrind.") and n.endswith(".log"):
-            with open(os.path.join(env.base, n), errors="replace") as f:
-                logs += f"==== {n}\n" + f.read()
-    assert rc == 0, logs[-8000:]
-    assert "definitely lost: 0 bytes" in logs or "no leaks are possible" in logs, \
-        logs[-8000:]
-    assert "ERROR SUMMARY: 0 errors" in logs, logs[-8000:]
+    assert_valgrind_clean(env, p)
 
 
 # --------------------------------------------------------------------------

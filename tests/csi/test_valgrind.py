@@ -28,24 +28,50 @@ VALGRIND = ["valgrind", "--leak-check=full", "--show-leak-kinds=definite",
             f"--suppressions={SUPPRESSIONS}"]
 
 
-@pytest.mark.valgrind
-@pytest.mark.timeout(300)
-def test_plugin_valgrind_clean(env, strata):
-    binary = strata_csi_binary()
-    if is_sanitizer_build(binary):
+def require_valgrind():
+    """Skips a sanitizer build, fails where valgrind is missing."""
+    if is_sanitizer_build(strata_csi_binary()):
         pytest.skip("strata-csi is a sanitizer (ASan) build: valgrind cannot "
                     "run it; the sanitizer itself checks memory in that pass")
     assert shutil.which("valgrind"), "valgrind is not installed (scripts/deps.sh)"
+
+
+def valgrind_plugin(env, root):
+    """A plugin on the store ROOT under valgrind, ready; its logs are
+    env.base/valgrind.PID.log."""
+    vlog = os.path.join(env.base, "valgrind.%p.log")
+    p = env.plugin(root=root, prefix=VALGRIND + [f"--log-file={vlog}"],
+                   start=False)
+    p.start(wait="ready", timeout=120)
+    return p
+
+
+def assert_valgrind_clean(env, p):
+    """Stops P (valgrind_plugin's) with SIGTERM: it must exit 0, and its
+    logs show no memory error and no definite leak."""
+    rc = p.stop(signal.SIGTERM, timeout=60)
+    logs = ""
+    for n in os.listdir(env.base):
+        if n.startswith("valgrind.") and n.endswith(".log"):
+            with open(os.path.join(env.base, n), errors="replace") as f:
+                logs += f"==== {n}\n" + f.read()
+    assert rc == 0, f"strata-csi under valgrind exited {rc}:\n{logs[-8000:]}"
+    assert "definitely lost: 0 bytes" in logs or "no leaks are possible" in logs, \
+        logs[-8000:]
+    assert "ERROR SUMMARY: 0 errors" in logs, logs[-8000:]
+
+
+@pytest.mark.valgrind
+@pytest.mark.timeout(300)
+def test_plugin_valgrind_clean(env, strata):
+    require_valgrind()
     kube = Kubelet(env, strata)
     vid = kube.create("vg", layers="base,extra", capacity=8 << 20)
     st = kube.stage(vid)
     t1 = kube.publish(vid, st, env.target("a"))
     t2 = kube.publish(vid, st, env.target("b"), readonly=True)
     strata.stop()
-    vlog = os.path.join(env.base, "valgrind.%p.log")
-    p = env.plugin(root=strata.root,
-                   prefix=VALGRIND + [f"--log-file={vlog}"], start=False)
-    p.start(wait="ready", timeout=120)
+    p = valgrind_plugin(env, strata.root)
     kube = Kubelet(env, p)
     csi = p.csi
 
@@ -80,13 +106,4 @@ def test_plugin_valgrind_clean(env, strata):
     kube.delete(vid)
     kube.delete(other)
 
-    rc = p.stop(signal.SIGTERM, timeout=60)
-    logs = ""
-    for n in os.listdir(env.base):
-        if n.startswith("valgrind.") and n.endswith(".log"):
-            with open(os.path.join(env.base, n), errors="replace") as f:
-                logs += f"==== {n}\n" + f.read()
-    assert rc == 0, f"strata-csi under valgrind exited {rc}:\n{logs[-8000:]}"
-    assert "definitely lost: 0 bytes" in logs or "no leaks are possible" in logs, \
-        logs[-8000:]
-    assert "ERROR SUMMARY: 0 errors" in logs, logs[-8000:]
+    assert_valgrind_clean(env, p)

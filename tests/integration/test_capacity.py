@@ -13,13 +13,14 @@ import time
 
 import pytest
 
-from strata_common import control_call
+from strata_common import (FILL_CHUNK, control_call, control_usage,
+                           fill_to_enospc)
 from stratatest import stratafs_binary, wait_for_mount
 from test_tmpfile import name_it
 from test_worker import worker_of
 
 MiB = 1 << 20
-CHUNK = 64 * 1024
+CHUNK = FILL_CHUNK  # what fill_to_enospc writes at a time
 
 
 def mount_cap(factory, tmp_path, cap, *, io=None, usagefile=True, lowers=None,
@@ -42,28 +43,6 @@ def mount_cap(factory, tmp_path, cap, *, io=None, usagefile=True, lowers=None,
     u = factory.make(lowers or [{"base": "x"}], extra_opts=opts + list(extra),
                      upper_dir=upper_dir, work_dir=work_dir)
     return u, sock, ufile
-
-
-def usage(sock):
-    status, text = control_call(sock, "usage")
-    assert status == 0, text
-    return {k: int(v) for k, v in (f.split("=") for f in text.split())}
-
-
-def fill(path, limit=64 * MiB, byte=b"d"):
-    """Appends CHUNK-sized writes until ENOSPC; returns bytes written."""
-    done = 0
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    try:
-        while done < limit:
-            try:
-                done += os.write(fd, byte * CHUNK)
-            except OSError as e:
-                assert e.errno == errno.ENOSPC, e
-                return done
-    finally:
-        os.close(fd)
-    pytest.fail(f"{limit} bytes written to {path} without ENOSPC")
 
 
 def walk_usage(*dirs):
@@ -107,13 +86,13 @@ def test_enospc_at_the_limit_keeps_what_was_written(stratafs_only, tmp_path, io)
     cap = 4 * MiB
     u, sock, _ = mount_cap(stratafs_only, tmp_path, cap, io=io,
                            upper_dir=f"{tmpfs}/upper", work_dir=f"{tmpfs}/work")
-    start = usage(sock)["used"]
-    done = fill(u.path("big"))
+    start = control_usage(sock)["used"]
+    done = fill_to_enospc(u.path("big"))
     # cut short at the room left, to the block: nothing past the limit
     assert cap - start - CHUNK < done <= cap - start
     assert read_file(u.path("big")) == b"d" * done
     assert read_file(u.upath("big")) == b"d" * done
-    got = usage(sock)
+    got = control_usage(sock)
     assert got["used"] <= cap and got["capacity"] == cap
     # a second file finds no room either
     with pytest.raises(OSError) as e:
@@ -133,7 +112,7 @@ def test_statfs_shows_the_capacity(stratafs_only, tmp_path):
         f.write(b"s" * (2 * MiB))
     sv = os.statvfs(u.mnt)
     bs = sv.f_frsize
-    used = usage(sock)["used"]
+    used = control_usage(sock)["used"]
     assert used >= 2 * MiB
     assert sv.f_blocks * bs == cap
     assert sv.f_bfree == sv.f_bavail == cap // bs - (used + bs - 1) // bs
@@ -145,7 +124,7 @@ def test_statfs_shows_the_capacity(stratafs_only, tmp_path):
 def test_verbs_and_a_live_raise(stratafs_only, tmp_path):
     cap = 2 * MiB
     u, sock, _ = mount_cap(stratafs_only, tmp_path, cap)
-    got = usage(sock)
+    got = control_usage(sock)
     assert set(got) == {"used", "inodes", "capacity"} and got["capacity"] == cap
     assert got["inodes"] >= 1
     for bad in ("-1", "1M", "12x", "99999999999999999999"):
@@ -153,61 +132,61 @@ def test_verbs_and_a_live_raise(stratafs_only, tmp_path):
         assert status == -errno.EINVAL and "expected a number of bytes" in text, text
     status, text = control_call(sock, "capacity")
     assert status == -errno.EINVAL and "takes 1 to 1 arguments" in text
-    done = fill(u.path("f"))
+    done = fill_to_enospc(u.path("f"))
     assert control_call(sock, "capacity", str(6 * MiB)) == (0, f"capacity={6 * MiB}")
     # statfs moves at once, and the writes go on where they stopped
     assert os.statvfs(u.mnt).f_blocks * os.statvfs(u.mnt).f_frsize == 6 * MiB
-    more = fill(u.path("f"))
+    more = fill_to_enospc(u.path("f"))
     assert more > 3 * MiB
     assert read_file(u.path("f")) == b"d" * (done + more)
     # 0: no limit
     assert control_call(sock, "capacity", "0") == (0, "capacity=0")
     with open(u.path("g"), "wb") as f:
         f.write(b"g" * MiB)
-    assert usage(sock)["capacity"] == 0
+    assert control_usage(sock)["capacity"] == 0
 
 
 def test_counts_follow_changes(stratafs_only, tmp_path):
     u, sock, ufile = mount_cap(stratafs_only, tmp_path, 64 * MiB,
                            lowers=[{"low": "L" * 300000, "d/x": "1"}])
-    base = usage(sock)
+    base = control_usage(sock)
     with open(u.path("f"), "wb") as f:
         f.write(b"w" * MiB)
-    after = usage(sock)
+    after = control_usage(sock)
     assert after["used"] - base["used"] >= MiB
     assert after["inodes"] == base["inodes"] + 1
     # a copy-up spends the file's blocks
     with open(u.path("low"), "r+b") as f:
         f.write(b"c")
-    cu = usage(sock)
+    cu = control_usage(sock)
     assert cu["used"] - after["used"] >= 300000 and cu["inodes"] == after["inodes"] + 1
     # truncate gives back, a whiteout costs an inode, mkdir an inode
     os.truncate(u.path("f"), 0)
-    tr = usage(sock)
+    tr = control_usage(sock)
     assert cu["used"] - tr["used"] >= MiB
     os.unlink(u.path("low"))           # copied up: freed, and a whiteout
     os.mkdir(u.path("dir"))
     # the copy's room comes back at once, or at its RELEASE
-    wait_for(lambda: tr["used"] - usage(sock)["used"] >= 300000 - 4096,
+    wait_for(lambda: tr["used"] - control_usage(sock)["used"] >= 300000 - 4096,
              "the copy-up's room back")
-    end = usage(sock)
+    end = control_usage(sock)
     assert end["inodes"] == tr["inodes"] + 1
     # a file removed while open gives its room back at the last close
     fd = os.open(u.path("open"), os.O_WRONLY | os.O_CREAT)
     os.write(fd, b"o" * MiB)
     os.unlink(u.path("open"))
-    held = usage(sock)["used"]
+    held = control_usage(sock)["used"]
     os.close(fd)
     # the kernel sends RELEASE after close(2) has returned
-    wait_for(lambda: held - usage(sock)["used"] >= MiB,
+    wait_for(lambda: held - control_usage(sock)["used"] >= MiB,
              "the room of a removed file back at its last close")
     # O_TMPFILE: counted while open, given back unless it got a name
-    before = usage(sock)
+    before = control_usage(sock)
     fd = os.open(u.mnt, os.O_TMPFILE | os.O_RDWR, 0o600)
     os.write(fd, b"t" * MiB)
-    assert usage(sock)["inodes"] == before["inodes"] + 1
+    assert control_usage(sock)["inodes"] == before["inodes"] + 1
     os.close(fd)
-    wait_for(lambda: usage(sock) == before, "an unnamed O_TMPFILE given back")
+    wait_for(lambda: control_usage(sock) == before, "an unnamed O_TMPFILE given back")
     fd = os.open(u.mnt, os.O_TMPFILE | os.O_WRONLY, 0o600)
     os.write(fd, b"n" * (256 * 1024))
     name_it(fd, u.path("named"))
@@ -223,12 +202,12 @@ def test_counts_follow_changes(stratafs_only, tmp_path):
 
 def test_unlink_frees_room(stratafs_only, tmp_path):
     u, sock, _ = mount_cap(stratafs_only, tmp_path, 3 * MiB)
-    start = usage(sock)["used"]
-    done = fill(u.path("a"))
+    start = control_usage(sock)["used"]
+    done = fill_to_enospc(u.path("a"))
     os.unlink(u.path("a"))
     # given back at once, or at the RELEASE that follows close(2)
-    wait_for(lambda: usage(sock)["used"] == start, "the room back")
-    assert fill(u.path("b")) == done
+    wait_for(lambda: control_usage(sock)["used"] == start, "the room back")
+    assert fill_to_enospc(u.path("b")) == done
 
 
 def test_fallocate_and_copy_up_past_the_room(stratafs_only, tmp_path):
@@ -255,7 +234,7 @@ def test_usage_survives_remount(stratafs_only, tmp_path):
     with open(u.path("f"), "wb") as f:
         f.write(b"r" * (3 * MiB))
     os.mkdir(u.path("d"))
-    before = usage(sock)
+    before = control_usage(sock)
     u.unmount()
     text = read_file(ufile).decode()
     assert text == ("strata-usage 1\nbytes=%d\ninodes=%d\nclean=1\n"
@@ -265,7 +244,7 @@ def test_usage_survives_remount(stratafs_only, tmp_path):
     with open(u.upath("behind"), "wb") as f:
         f.write(b"b" * MiB)
     u.mount()
-    assert usage(sock) == before
+    assert control_usage(sock) == before
     assert "clean=0" in read_file(ufile).decode()
 
 
@@ -289,7 +268,7 @@ def test_walk_when_the_usage_file_cannot_be_trusted(stratafs_only, tmp_path,
             f.write(text)
     expect = walk_usage(u.upper, u.work)
     u.mount()
-    got = usage(sock)
+    got = control_usage(sock)
     assert (got["used"], got["inodes"]) == expect
     if damage == "garbage":
         assert "damaged: counting the upper layer anew" in u.stderr()
@@ -304,15 +283,15 @@ def test_killed_worker_keeps_the_counters(stratafs_only, tmp_path):
     u, sock, _ = mount_cap(stratafs_only, tmp_path, cap)
     with open(u.path("f"), "wb") as f:
         f.write(b"k" * (2 * MiB))
-    before = usage(sock)
+    before = control_usage(sock)
     old = worker_of(u)
     os.kill(old, signal.SIGKILL)
     worker_of(u, old)
-    assert usage(sock) == before
+    assert control_usage(sock) == before
     # and the limit still holds from there
-    done = fill(u.path("g"))
+    done = fill_to_enospc(u.path("g"))
     assert done <= cap - before["used"]
-    assert usage(sock)["used"] <= cap
+    assert control_usage(sock)["used"] <= cap
 
 
 def refused(tmp_path, opts):
@@ -355,7 +334,7 @@ def test_capacity_below_the_usage(stratafs_only, tmp_path):
     # what is there stays readable, and can be removed to make room
     assert read_file(u.path("f")) == b"f" * (2 * MiB)
     os.unlink(u.path("f"))
-    wait_for(lambda: usage(sock)["used"] < MiB, "the room back")
+    wait_for(lambda: control_usage(sock)["used"] < MiB, "the room back")
     with open(u.path("g"), "wb") as f:
         f.write(b"g" * 4096)
 
@@ -387,17 +366,17 @@ def test_ext4_upper_full_before_the_capacity(stratafs_only, tmp_path):
                                    upper_dir=f"{disk}/upper",
                                    work_dir=f"{disk}/work")
         # the capacity first
-        done = fill(u.path("a"))
+        done = fill_to_enospc(u.path("a"))
         assert 3 * MiB < done <= 4 * MiB
         # then a capacity bigger than the disk: the disk fills first, and
         # the error is still ENOSPC
         assert control_call(sock, "capacity", str(1 << 30))[0] == 0
-        more = fill(u.path("b"), byte=b"e")
+        more = fill_to_enospc(u.path("b"), byte=b"e")
         assert more > MiB
         os.sync()
         assert read_file(u.path("a")) == b"d" * done
         assert read_file(u.path("b")) == b"e" * more
-        got = usage(sock)
+        got = control_usage(sock)
         u.unmount()
         assert walk_usage(u.upper, u.work)[0] == got["used"]
     finally:
@@ -414,12 +393,12 @@ def test_a_freeze_leaves_the_frozen_files_out_of_the_count(stratafs_only,
     u, sock, ufile = mount_cap(stratafs_only, tmp_path, 8 * MiB)
     fd = os.open(u.path("kept"), os.O_WRONLY | os.O_CREAT, 0o644)
     os.write(fd, b"k" * (6 * MiB))
-    full = usage(sock)
+    full = control_usage(sock)
     assert full["used"] >= 6 * MiB
     status, text = control_call(sock, "freeze", str(tmp_path / "frozen"),
                                 timeout=60)
     assert status == 0, text
-    after = usage(sock)
+    after = control_usage(sock)
     assert after["used"] < MiB and after["inodes"] < full["inodes"], after
     # the new upper takes 6 MiB more: the frozen 6 MiB do not count
     with open(u.path("new"), "wb") as f:
@@ -431,7 +410,7 @@ def test_a_freeze_leaves_the_frozen_files_out_of_the_count(stratafs_only,
     os.close(fd)
     assert read_file(str(tmp_path / "frozen" / "kept")) == b"k" * (6 * MiB)
     os.unlink(u.path("new"))
-    wait_for(lambda: usage(sock)["used"] < MiB, "the new file's room back")
+    wait_for(lambda: control_usage(sock)["used"] < MiB, "the new file's room back")
     u.unmount()
     used, inodes = walk_usage(u.upper, u.work)
     assert read_file(ufile).decode() == (

@@ -26,14 +26,42 @@ KIND is one of:
 Every failed call is an error, with its errno. RESULT is JSON:
 {"errors": [...], "ops": N, "longest": seconds, "records": N,
  "slow": [[CLOCK_MONOTONIC start, seconds], ...]}.
+
+Imported, start() and results() run a set of loads on a mount.
 """
 
 import errno
 import json
 import os
 import random
+import subprocess
 import sys
 import time
+
+PROGRAM = os.path.abspath(__file__)
+
+
+def start(kinds, mnt, seconds, resdir):
+    """One process of this program per load of KINDS on the mount MNT for
+    SECONDS, the writer in MNT/w (made by the caller), each with its result
+    in RESDIR/KIND.json: [(kind, process, result path)]."""
+    loads = []
+    for k in kinds:
+        res = os.path.join(resdir, f"{k}.json")
+        d = os.path.join(mnt, "w") if k == "writer" else mnt
+        loads.append((k, subprocess.Popen([sys.executable, PROGRAM, k, d,
+                                           str(seconds), res]), res))
+    return loads
+
+
+def results(loads):
+    """The result of each load of start(), once it has exited: {kind: ...}."""
+    got = {}
+    for k, p, res in loads:
+        p.wait()
+        with open(res) as f:
+            got[k] = json.load(f)
+    return got
 
 
 class Load:

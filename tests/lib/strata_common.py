@@ -1,11 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
 """Helpers shared by the stratafs integration suite (tests/integration) and
 the strata-csi suite (tests/csi): /proc/self/mountinfo, unmounting and
-aborting FUSE connections, sanitizer reports, errno checks and the per-test
-watchdog.  Each suite's conftest.py puts this folder on sys.path; the
+aborting FUSE connections, sanitizer reports, errno checks, the per-test
+watchdog, and a daemon's control channel and capacity.  Each suite's conftest.py puts this folder on sys.path; the
 suites' own helper modules (stratatest.py, csitest.py) re-export these
 names, so test modules import them from there."""
 
+import errno
 import os
 import socket
 import subprocess
@@ -223,3 +224,34 @@ def control_call(path, *args, timeout=10):
         reply = s.recv(65536).decode()
     status, _, text = reply.partition(" ")
     return int(status), text
+
+
+# --------------------------------------------------------------------------
+# a daemon's capacity and usage (fuse/usage.c)
+
+FILL_CHUNK = 64 * 1024
+
+
+def control_usage(path):
+    """A daemon's counters, asked with `usage` on its control socket `path`:
+    {"used": bytes, "inodes": n, "capacity": bytes}."""
+    status, text = control_call(path, "usage")
+    assert status == 0, text
+    return {k: int(v) for k, v in (f.split("=") for f in text.split())}
+
+
+def fill_to_enospc(path, limit=64 << 20, byte=b"d"):
+    """Appends FILL_CHUNK bytes at a time to `path` until ENOSPC; returns
+    the bytes written. Fails the test when `limit` bytes go in without it."""
+    done = 0
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        while done < limit:
+            try:
+                done += os.write(fd, byte * FILL_CHUNK)
+            except OSError as e:
+                assert e.errno == errno.ENOSPC, e
+                return done
+    finally:
+        os.close(fd)
+    pytest.fail(f"{limit} bytes went into {path} without ENOSPC")

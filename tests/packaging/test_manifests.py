@@ -1001,9 +1001,11 @@ def test_plugin_parses_the_manifest_args(base, plugin_help):
         f"strata-csi {' '.join(argv)} --help: {out.returncode}\n{out.stderr}"
 
 
-def test_kubelet_dir_component(kubectl, tmp_path):
-    """components/kubelet-dir moves every kubelet path, and nothing else."""
-    root = "/var/lib/k0s/kubelet"
+def render_kubelet_dir(kubectl, tmp_path, root, *components):
+    """The driver with components/kubelet-dir moving kubelet's directory to
+    ROOT (its local strata-kubelet-dir ConfigMap), then the other
+    COMPONENTS (names under components/), rendered from an overlay in
+    TMP_PATH."""
     rel = os.path.relpath(K8S, tmp_path)
     (tmp_path / "kubelet-dir.yaml").write_text(yaml.safe_dump({
         "apiVersion": "v1", "kind": "ConfigMap",
@@ -1012,8 +1014,15 @@ def test_kubelet_dir_component(kubectl, tmp_path):
         "data": {"path": root}}))
     (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
         "resources": [rel, "kubelet-dir.yaml"],
-        "components": [f"{rel}/components/kubelet-dir"]}))
-    docs = render(kubectl, tmp_path)
+        "components": [f"{rel}/components/{c}"
+                       for c in ("kubelet-dir",) + components]}))
+    return render(kubectl, tmp_path)
+
+
+def test_kubelet_dir_component(kubectl, tmp_path):
+    """components/kubelet-dir moves every kubelet path, and nothing else."""
+    root = "/var/lib/k0s/kubelet"
+    docs = render_kubelet_dir(kubectl, tmp_path, root)
     assert check_kinds(docs, BASE_KINDS) == []   # the ConfigMap stays local
     text = yaml.safe_dump(one(docs, "DaemonSet"))
     assert KUBELET not in text
@@ -1056,17 +1065,7 @@ def test_components_combine(kubectl, tmp_path, resizer):
     """A one-node k0s: both components at once. The resizer reaches the
     plugin's socket wherever kubelet-dir moves it."""
     root = "/var/lib/k0s/kubelet"
-    rel = os.path.relpath(K8S, tmp_path)
-    (tmp_path / "kubelet-dir.yaml").write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": {"name": "strata-kubelet-dir", "annotations":
-                     {"config.kubernetes.io/local-config": "true"}},
-        "data": {"path": root}}))
-    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
-        "resources": [rel, "kubelet-dir.yaml"],
-        "components": [f"{rel}/components/kubelet-dir",
-                       f"{rel}/components/single-node-resizer"]}))
-    docs = render(kubectl, tmp_path)
+    docs = render_kubelet_dir(kubectl, tmp_path, root, "single-node-resizer")
     assert check_kinds(docs, RESIZER_KINDS) == []
     text = yaml.safe_dump(one(docs, "DaemonSet"))
     assert KUBELET not in text

@@ -53,7 +53,7 @@ static void test_volumes(struct csi_store *s)
 	char **ids;
 	int n;
 
-	CHECK_EQ_INT(csi_volume_new_id(v.id), 0);
+	CHECK_EQ_INT(csi_store_new_id(CSI_VOLUME_ID_PREFIX, v.id), 0);
 	CHECK(csi_volume_id_valid(v.id));
 	v.name = strdup("claim");
 	v.capacity = 1 << 20;
@@ -142,7 +142,7 @@ static void test_node_records(struct csi_store *s)
 	struct csi_node_vol n = { 0 }, back;
 	char id[CSI_VOLUME_ID_LEN + 1], name[128];
 
-	CHECK_EQ_INT(csi_volume_new_id(id), 0);
+	CHECK_EQ_INT(csi_store_new_id(CSI_VOLUME_ID_PREFIX, id), 0);
 	memcpy(n.id, id, sizeof(n.id));
 	n.staging = strdup("/k/plugins/x/globalmount");
 	n.stage_flags = strdup("noatime");
