@@ -153,6 +153,7 @@ struct csi_plugin {
 	int nguards;
 	struct csi_host host;
 	struct csi_cond *conds;	/* conditions logged (condition.c) */
+	struct csi_flattener *flat; /* flattens deep chains (flatten.c) */
 };
 
 /*
@@ -421,7 +422,11 @@ void csi_volume_free(struct csi_volume *v);
 int csi_layer_open(struct csi_store *s, const char *name);
 
 /* snapshot.c: snapshots in the store, their chains, users, recovery */
+#define CSI_SNAP_RECORD "snapshot.json"
 bool csi_snapshot_id_valid(const char *id);
+int csi_snapshot_new_id(char id[CSI_SNAPSHOT_ID_LEN + 1]);
+int csi_snapshot_write(struct csi_store *s, const char *dir,
+		       const char *name, const struct csi_snapshot *ss);
 int csi_chain_entry_check(const char *entry);
 int csi_chain_open(struct csi_store *s, const char *entry);
 void csi_snapshot_free(struct csi_snapshot *ss);
@@ -437,6 +442,12 @@ int csi_snapshot_recover(struct csi_store *s, const char *vid);
 void csi_snapshot_gc(struct csi_store *s);
 int csi_chain_users(struct csi_store *s, const char *entry, char ***users,
 		    int *count, bool strict);
+/* flatten.c: chains too deep merged into one layer, in the background */
+int csi_flatten_init(struct csi_plugin *p);
+int csi_flatten_start(struct csi_plugin *p);
+void csi_flatten_stop(struct csi_plugin *p);
+void csi_flatten_kick(struct csi_plugin *p);
+void csi_flatten_recover(struct csi_store *s);
 /* snapshot_rpc.c: the Controller's snapshot methods */
 extern const struct csi_method csi_snapshot_methods[];
 void csi_snapshot_answer(struct csi_reply *r, int err, const char *why);
@@ -559,6 +570,8 @@ enum csi_event {
 	CSI_EV_DAEMON_START,
 	CSI_EV_DAEMON_EXIT,
 	CSI_EV_DAEMON_RESTART,
+	CSI_EV_FLATTEN_DONE,
+	CSI_EV_FLATTEN_FAILED,
 	CSI_EV_COUNT,
 };
 int csi_metrics_start(struct csi_plugin *p, const char *addr);
