@@ -215,6 +215,16 @@ static int csi_flatten_apply_volume(struct csi_store *s, const char *id,
 	struct csi_volume v;
 	int ret;
 
+	/*
+	 * Claimed only when it would change: a claim held makes the
+	 * volume's RPCs answer ABORTED meanwhile.
+	 */
+	ret = csi_volume_load(s, id, &v);
+	if (ret == 0)
+		ret = csi_flatten_subst(&v.layers, &v.nlayers, f, run, nrun);
+	csi_volume_free(&v);
+	if (ret <= 0)
+		return ret == -ENOENT ? 0 : ret;
 	if (csi_flatten_claim(s, id))
 		return 0;	/* a daemon reads its chain: at unstage */
 	ret = csi_volume_load(s, id, &v);
@@ -410,15 +420,17 @@ static int csi_flatten_pick(struct csi_store *s, char **skip, int nskip,
 	for (int i = 0; i < n && ret == -ENOENT; i++) {
 		struct csi_volume v;
 
+		/* claimed (not held) only for a chain too deep: see above */
 		if (csi_flatten_skipped(skip, nskip, ids[i]) ||
-		    csi_flatten_claim(s, ids[i]))
+		    csi_volume_load(s, ids[i], &v))
 			continue;
-		if (csi_volume_load(s, ids[i], &v) == 0) {
+		if (v.nlayers > CSI_FLATTEN_DEPTH &&
+		    csi_flatten_claim(s, ids[i]) == 0) {
 			ret = csi_flatten_job_of(v.id, v.id, v.layers,
 						 v.nlayers, j);
-			csi_volume_free(&v);
+			csi_busy_leave(s, ids[i]);
 		}
-		csi_busy_leave(s, ids[i]);
+		csi_volume_free(&v);
 	}
 	csi_free_strv(ids, n);
 	return ret;
