@@ -360,6 +360,7 @@ static void csi_create_volume(struct csi_plugin *p, const ProtobufCMessage *msg,
 		   csi_clone_freeze(p, r, req->name, &want) == 0 &&
 		   csi_create_new(p, r, req->name, &want) == 0) {
 		csi_create_reply(p, r, &want);
+		csi_flatten_kick(p);	/* a clone may start too deep */
 	}
 out_unlock:
 	pthread_mutex_unlock(&p->store.create_lock);

@@ -19,6 +19,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdbool.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -156,6 +157,7 @@ struct csi_plugin {
 	int nguards;
 	struct csi_host host;
 	struct csi_cond *conds;	/* conditions logged (condition.c) */
+	struct csi_flattener *flat; /* flattens deep chains (flatten.c) */
 };
 
 /*
@@ -433,6 +435,9 @@ void csi_volume_free(struct csi_volume *v);
 int csi_layer_open(struct csi_store *s, const char *name);
 
 /* snapshot.c: snapshots in the store, their chains, users, recovery */
+#define CSI_SNAP_RECORD "snapshot.json"
+int csi_snapshot_write(struct csi_store *s, const char *dir,
+		       const char *name, const struct csi_snapshot *ss);
 int csi_chain_entry_check(const char *entry);
 int csi_chain_open(struct csi_store *s, const char *entry);
 void csi_snapshot_free(struct csi_snapshot *ss);
@@ -448,6 +453,28 @@ int csi_snapshot_recover(struct csi_store *s, const char *vid);
 void csi_snapshot_gc(struct csi_store *s);
 int csi_chain_users(struct csi_store *s, const char *entry, char ***users,
 		    int *count, bool strict);
+/* flatten.c: chains too deep merged into one layer, in the background */
+int csi_flatten_init(struct csi_plugin *p);
+int csi_flatten_start(struct csi_plugin *p);
+void csi_flatten_stop(struct csi_plugin *p);
+void csi_flatten_kick(struct csi_plugin *p);
+void csi_flatten_recover(struct csi_store *s);
+
+/* One merge: the run's layers, the layers below it, and the result. */
+struct csi_flat_ctx {
+	const int *range;	/* the run's roots, top first */
+	int nrange;
+	const int *below;	/* the roots of the layers below it */
+	int nbelow;
+	int out_root;		/* the new layer's root, empty */
+	atomic_bool *cancel;	/* set when the plugin stops */
+	void *links;		/* tsearch tree: files of several names */
+	int64_t entries;	/* what was written, for the log */
+	int64_t bytes;
+};
+
+/* flatten_merge.c: the merged tree of a run of layers, written out */
+int csi_flatten_merge(struct csi_flat_ctx *c);
 /* snapshot_rpc.c: the Controller's snapshot methods */
 extern const struct csi_method csi_snapshot_methods[];
 void csi_snapshot_answer(struct csi_reply *r, int err, const char *why);
@@ -570,6 +597,8 @@ enum csi_event {
 	CSI_EV_DAEMON_START,
 	CSI_EV_DAEMON_EXIT,
 	CSI_EV_DAEMON_RESTART,
+	CSI_EV_FLATTEN_DONE,
+	CSI_EV_FLATTEN_FAILED,
 	CSI_EV_COUNT,
 };
 int csi_metrics_start(struct csi_plugin *p, const char *addr);

@@ -47,12 +47,16 @@ static const char *const csi_event_names[CSI_EV_COUNT] = {
 	[CSI_EV_DAEMON_START] = "strata_csi_daemon_starts_total",
 	[CSI_EV_DAEMON_EXIT] = "strata_csi_daemon_exits_total",
 	[CSI_EV_DAEMON_RESTART] = "strata_csi_daemon_restarts_total",
+	[CSI_EV_FLATTEN_DONE] = "strata_csi_flattens_total",
+	[CSI_EV_FLATTEN_FAILED] = "strata_csi_flatten_failures_total",
 };
 
 static const char *const csi_event_help[CSI_EV_COUNT] = {
 	[CSI_EV_DAEMON_START] = "stratafs daemons started (stage and heal)",
 	[CSI_EV_DAEMON_EXIT] = "stratafs daemons seen exiting (unstage, or died)",
 	[CSI_EV_DAEMON_RESTART] = "staged volumes healed with a new daemon",
+	[CSI_EV_FLATTEN_DONE] = "runs of layers merged into one (chains deeper than 16)",
+	[CSI_EV_FLATTEN_FAILED] = "flattens given up (the chains kept their layers)",
 };
 
 void csi_metrics_event(enum csi_event ev)

@@ -520,6 +520,8 @@ static void csi_node_unstage(struct csi_plugin *p, const ProtobufCMessage *msg,
 	if (ret == 0)
 		strata_info("volume %s unstaged from %s", nr.id, nr.n.staging);
 	csi_reply_ok(r, (void *)&csi_unstage_out);
+	/* its chain may have waited for its daemon to go */
+	csi_flatten_kick(p);
 out:
 	csi_node_end(p, &nr);
 }

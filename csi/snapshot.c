@@ -49,7 +49,6 @@
 
 #define CSI_SNAP_NEW ".new-"
 #define CSI_SNAP_DEL ".del-"
-#define CSI_SNAP_RECORD "snapshot.json"
 /* a daemon syncs its upper before it freezes: give it time to */
 #define CSI_FREEZE_TIMEOUT_MS 60000
 
@@ -242,8 +241,8 @@ int csi_snapshot_find(struct csi_store *s, const char *name,
 }
 
 /* Writes the record of SS as NAME below snapshots/DIR ("." for beside). */
-static int csi_snapshot_write(struct csi_store *s, const char *dir,
-			      const char *name, const struct csi_snapshot *ss)
+int csi_snapshot_write(struct csi_store *s, const char *dir,
+		       const char *name, const struct csi_snapshot *ss)
 {
 	json_object *o = csi_snapshot_json(ss);
 	int fd, ret;

@@ -146,6 +146,7 @@ static void csi_create_snapshot(struct csi_plugin *p,
 	strata_info("snapshot %s '%s' taken of volume %s", ss.id, ss.name,
 		    v.id);
 	csi_snapshot_created(r, &ss);
+	csi_flatten_kick(p);	/* the chains just got deeper */
 out:
 	pthread_mutex_unlock(&p->store.create_lock);
 	csi_busy_leave(&p->store, req->source_volume_id);

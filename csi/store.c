@@ -135,6 +135,7 @@ int csi_store_open(struct csi_store *s, const char *root)
 	csi_layer_sweep(s);
 	/* before any call, and before a heal starts a daemon on a chain */
 	csi_snapshot_recover(s, NULL);
+	csi_flatten_recover(s);
 	csi_snapshot_gc(s);
 	return 0;
 out:

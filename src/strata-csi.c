@@ -439,11 +439,17 @@ int main(int argc, char **argv)
 	pthread_sigmask(SIG_BLOCK, &stop, NULL);
 	/* a client that hangs up must not kill the plugin */
 	signal(SIGPIPE, SIG_IGN);
+	/* before the server: its RPCs kick the flattener */
+	ret = csi_flatten_init(&p);
+	if (ret) {
+		ret = 1;
+		goto out_host;
+	}
 	/* listening first: no other thread makes files while the umask is tight */
 	ret = csi_server_start(&p, &srv);
 	if (ret) {
 		ret = 1;
-		goto out_host;
+		goto out_flatten;
 	}
 	ret = csi_metrics_start(&p, p.cfg.metrics_address);
 	if (ret) {
@@ -457,6 +463,14 @@ int main(int argc, char **argv)
 		ret = 1;
 		goto out_server;
 	}
+	ret = csi_flatten_start(&p);
+	if (ret) {
+		strata_err("cannot start the flattener: %s", strerror(-ret));
+		csi_watch_stop(&p);
+		csi_metrics_stop();
+		ret = 1;
+		goto out_server;
+	}
 	csi_server_serve(srv, &stop);
 	ret = 0;
 	csi_watch_stop(&p);
@@ -464,6 +478,9 @@ int main(int argc, char **argv)
 out_server:
 	csi_server_stop(srv);
 	unlink(p.cfg.socket_path);
+out_flatten:
+	/* after the server: no RPC kicks it any more */
+	csi_flatten_stop(&p);
 out_host:
 	csi_host_free(&p.host);
 out_store:

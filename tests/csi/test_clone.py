@@ -171,19 +171,24 @@ def test_hidden_snapshots_go_transitively(csi, kubelet, strata):
     assert snapshot_dirs(strata) == []
 
 
+@pytest.mark.timeout(180)
 def test_clone_of_a_deep_volume_is_refused(csi, kubelet, strata):
+    """A volume staged all along keeps its chain (flattened at unstage)."""
     v = kubelet.create("v")
+    st = kubelet.stage(v)
     for i in range(63):
         snap(csi, f"d{i}", v)
     r = clone(csi, "c", volume=v)
     assert r.code == "RESOURCE_EXHAUSTED" and "64" in r.details, r
-    # a snapshot's clone is as deep as the snapshot's volume was: allowed
+    # a snapshot's clone is as deep as the snapshot's chain: allowed (and
+    # that chain may be flattened already)
     last = csi.ListSnapshots().reply.entries
     deepest = max(last, key=lambda e: (e.snapshot.creation_time.seconds,
                                        e.snapshot.creation_time.nanos))
     r = clone(csi, "c", snapshot=deepest.snapshot.snapshot_id)
     assert r.code == "OK", r
-    assert len(chain(strata, r.reply.volume.volume_id)) == 64
+    assert 2 <= len(chain(strata, r.reply.volume.volume_id)) <= 64
+    kubelet.unstage(v, st)
 
 
 @pytest.mark.timeout(120)

@@ -155,16 +155,24 @@ def test_snapshot_holds_the_volume_as_it_was(csi, kubelet):
         "keep": "v1\n", "gone": "here\n", "changed": "old\n", "added": None}
 
 
+@pytest.mark.timeout(180)
 def test_chain_depth_limit(csi, kubelet, strata):
+    """Reached by a volume staged all along: an unstaged one is flattened
+    long before (test_flatten.py), a staged one only once unstaged."""
     vid = kubelet.create("deep")  # on base: one layer
-    for i in range(63):
-        snap(csi, f"d{i}", vid)
+    st = kubelet.stage(vid)
+    ids = [snap(csi, f"d{i}", vid) for i in range(63)]
     assert len(chain(strata, vid)) == 64
     r = csi.CreateSnapshot(name="one-too-many", source_volume_id=vid)
     assert r.code == "RESOURCE_EXHAUSTED" and "64" in r.details, r
     assert len(chain(strata, vid)) == 64
-    assert len(snapshot_dirs(strata)) == 63
-    # and the deep volume still serves, with all its layers
+    # the 63 snapshots, and the layers their deep chains were flattened into
+    assert set(ids) <= set(snapshot_dirs(strata))
+    for d in set(snapshot_dirs(strata)) - set(ids):
+        with open(strata.path("snapshots", d, "snapshot.json")) as f:
+            assert json.load(f)["name"].startswith("flatten:"), d
+    kubelet.unstage(vid, st)
+    # and the deep volume still serves
     fill(kubelet, vid, {"top": "t\n"})
     assert contents(kubelet, vid, ["top", "lower.txt"])["top"] == "t\n"
 

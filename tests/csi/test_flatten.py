@@ -1,0 +1,363 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Flattening (csi/flatten.c): a chain deeper than 16 layers gets its
+topmost run of snapshot layers merged into one, in the background, and
+the records switched atomically.
+
+The oracle is the kernel's overlayfs mounted over the ORIGINAL chain (the
+volume's upper on top, read-only): what a daemon staged afresh on the
+flattened chain shows must be the same, entry for entry: types, modes,
+owners, sizes and data, symlink targets, devices, xattrs, times, and
+which names are one file."""
+
+import errno
+import hashlib
+import json
+import os
+import stat
+import subprocess
+import time
+
+import pytest
+
+from csitest import Kubelet, poll, write_file
+from snaptest import chain, clone, snap, snapshot_dirs
+
+DEPTH = 16            # CSI_FLATTEN_DEPTH
+OPAQUE = "trusted.overlay.opaque"
+PRIVATE = ("trusted.overlay.", "user.overlay.")
+
+
+# --------------------------------------------------------------------------
+# what a volume's layers hold, written on disk in the kernel's format
+
+def upper(p, vid, *parts):
+    return p.path("volumes", vid, "upper", *parts)
+
+
+def whiteout(path):
+    os.mknod(path, stat.S_IFCHR, os.makedev(0, 0))
+
+
+def layer_step(p, vid, i):
+    """What snapshot I (1-based) freezes: files, deletions, opaque dirs,
+    special files, written into the unstaged volume's upper."""
+    u = lambda *a: upper(p, vid, *a)  # noqa: E731
+    if i == 1:
+        write_file(u("a.txt"), "a, first\n")
+        os.chmod(u("a.txt"), 0o640)
+        os.setxattr(u("a.txt"), "user.k", b"v1")
+        os.makedirs(u("d1"))
+        write_file(u("d1/x"), "x\n")
+        write_file(u("d1/y"), "y\n")
+        os.chown(u("d1/x"), 1234, 5678)
+        write_file(u("hl1"), "one file, two names\n")
+        os.link(u("hl1"), u("hl2"))
+        os.symlink("a.txt", u("sym"))
+        os.mkfifo(u("fifo"))
+        os.mknod(u("null"), stat.S_IFCHR | 0o666, os.makedev(1, 3))
+        with open(u("sparse"), "wb") as f:
+            f.truncate(8 << 20)
+            f.seek(4 << 20)
+            f.write(b"middle")
+        os.makedirs(u("gone/deep"))
+        write_file(u("gone/deep/f"), "gone later\n")
+    elif i == 2:
+        whiteout(u("lower.txt"))          # hides the base layer's: kept
+        os.makedirs(u("d1"))
+        whiteout(u("d1/y"))               # hides only the run's: dropped
+        write_file(u("a.txt"), "a, second\n")
+        os.chmod(u("a.txt"), 0o600)
+        whiteout(u("gone"))
+    elif i == 3:
+        os.makedirs(u("dir"))             # opaque over the base's dir/
+        os.setxattr(u("dir"), OPAQUE, b"y")
+        write_file(u("dir/new.txt"), "new in an opaque dir\n")
+        os.makedirs(u("d1"))              # opaque over the run only
+        os.setxattr(u("d1"), OPAQUE, b"y")
+        write_file(u("d1/z"), "z\n")
+    elif i == 4:
+        os.makedirs(u("gone"))            # a new dir where one was deleted
+        os.setxattr(u("gone"), OPAQUE, b"y")
+        write_file(u("gone/new"), "new\n")
+    else:
+        write_file(u(f"n{i}.txt"), f"file of snapshot {i}\n")
+
+
+def layer_dir(p, entry):
+    if entry.startswith("@"):
+        return p.path("snapshots", entry[1:], "layer")
+    return p.path("layers", entry)
+
+
+# --------------------------------------------------------------------------
+# views
+
+def _xattrs(path):
+    try:
+        names = os.listxattr(path, follow_symlinks=False)
+    except OSError as e:
+        if e.errno in (errno.ENOTSUP, errno.EPERM):
+            return {}
+        raise
+    return {n: os.getxattr(path, n, follow_symlinks=False).hex()
+            for n in sorted(names) if not n.startswith(PRIVATE)}
+
+
+def view(root):
+    """{relpath: fields} of a merged tree, and its groups of names of one file."""
+    out, inodes = {}, {}
+    for dirpath, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = os.path.join(dirpath, name)
+            rel = os.path.relpath(path, root)
+            st = os.lstat(path)
+            rec = {"mode": oct(st.st_mode), "uid": st.st_uid, "gid": st.st_gid,
+                   "xattrs": _xattrs(path)}
+            if not stat.S_ISDIR(st.st_mode):
+                rec["mtime"] = st.st_mtime_ns
+                rec["nlink"] = st.st_nlink
+            if stat.S_ISREG(st.st_mode):
+                with open(path, "rb") as f:
+                    rec["sha"] = hashlib.sha256(f.read()).hexdigest()
+                rec["size"] = st.st_size
+                inodes.setdefault(st.st_ino, []).append(rel)
+            elif stat.S_ISLNK(st.st_mode):
+                rec["target"] = os.readlink(path)
+            elif stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
+                rec["rdev"] = st.st_rdev
+            out[rel] = rec
+    links = sorted(sorted(v) for v in inodes.values() if len(v) > 1)
+    return out, links
+
+
+def kernel_view(env, layers, name):
+    """The kernel's overlayfs over LAYERS (top first), read-only."""
+    mnt = os.path.join(env.base, "oracle-" + name)
+    os.makedirs(mnt, exist_ok=True)
+    subprocess.run(["mount", "-t", "overlay", "overlay", "-o",
+                    "lowerdir=" + ":".join(layers), mnt], check=True)
+    try:
+        return view(mnt)
+    finally:
+        subprocess.run(["umount", mnt], check=True)
+
+
+def original_view(env, p, vid, name):
+    """The oracle over the volume's chain as it is now, its upper on top."""
+    return kernel_view(env, [upper(p, vid)] + [layer_dir(p, e) for e in
+                                                chain(p, vid)], name)
+
+
+def assert_views(after, before):
+    """Entry by entry, so that a difference says where."""
+    a, b = after[0], before[0]
+    assert sorted(a) == sorted(b)
+    for rel in sorted(b):
+        assert a[rel] == b[rel], rel
+    assert after[1] == before[1]
+
+
+def daemon_view(k, vid):
+    """What a daemon staged afresh shows."""
+    st = k.stage(vid, k.env.staging(vid + "-view"))
+    try:
+        return view(st)
+    finally:
+        k.unstage(vid, st)
+
+
+# --------------------------------------------------------------------------
+# helpers
+
+def deepen(p, vid, first, last, keep=(), step=True):
+    """Snapshots FIRST..LAST of the unstaged VID, each over its own
+    changes (but the first without STEP: written already); deleted
+    (hidden) unless their number is in KEEP. Returns {number: id}."""
+    ids = {}
+    for i in range(first, last + 1):
+        if step or i > first:
+            layer_step(p, vid, i)
+        ids[i] = snap(p.csi, f"s{i}", vid)
+        if i not in keep:
+            assert p.csi.DeleteSnapshot(snapshot_id=ids[i]).code == "OK"
+    return ids
+
+
+def flattened(p, vid, depth=2):
+    poll(lambda: len(chain(p, vid)) <= depth, 60,
+         what=f"the chain of {vid} to be flattened")
+    return chain(p, vid)
+
+
+def snap_record(p, sid):
+    with open(p.path("snapshots", sid, "snapshot.json")) as f:
+        return json.load(f)
+
+
+# --------------------------------------------------------------------------
+
+@pytest.mark.timeout(180)
+def test_unstaged_volume_is_flattened_and_reads_the_same(env, strata, kubelet):
+    p, k = strata, kubelet
+    vid = k.create("v")
+    deepen(p, vid, 1, DEPTH - 1)
+    assert len(chain(p, vid)) == DEPTH     # 15 snapshots + base: not yet
+    layer_step(p, vid, DEPTH)
+    before = original_view(env, p, vid, "before")
+    old = [e for e in chain(p, vid) if e.startswith("@")]
+    deepen(p, vid, DEPTH, DEPTH, step=False)   # 17 deep: past the threshold
+    layers = flattened(p, vid)
+    assert layers[1:] == ["base"] and layers[0].startswith("@"), layers
+    rec = snap_record(p, layers[0][1:])
+    assert rec["hidden"] and rec["chain"] == ["base"]
+    assert rec["name"].startswith("flatten:")
+    # the merged run kept only the markers that still act on the base
+    flat = layer_dir(p, layers[0])
+    assert os.stat(os.path.join(flat, "lower.txt"), follow_symlinks=False).st_rdev == 0
+    assert not os.path.lexists(os.path.join(flat, "d1", "y"))
+    assert os.getxattr(os.path.join(flat, "dir"), OPAQUE) == b"y"
+    with pytest.raises(OSError):
+        os.getxattr(os.path.join(flat, "d1"), OPAQUE)
+    # sparse stayed sparse
+    st = os.stat(os.path.join(flat, "sparse"))
+    assert st.st_blocks * 512 < st.st_size
+    after = daemon_view(k, vid)
+    assert_views(after, before)
+    assert before[1] == [["hl1", "hl2"]]
+    # the deleted snapshots' layers went with their last user
+    poll(lambda: [d for d in snapshot_dirs(p) if "@" + d in old] == [], 10,
+         what="the old layers to be freed")
+    assert not [d for d in snapshot_dirs(p) if d.startswith(".")]
+    assert "flatten: volume " + vid in p.log()
+    assert " layers merged into " + layers[0] in p.log()
+
+
+@pytest.mark.timeout(240)
+def test_clones_and_named_snapshots_share_the_run(env, strata, kubelet):
+    """Named snapshots stay (a user can still clone them); their chains
+    and the volume's take one flattened layer; clones made before keep
+    reading what they read."""
+    p, k = strata, kubelet
+    vid = k.create("v")
+    ids = deepen(p, vid, 1, DEPTH, keep=range(1, DEPTH + 1))
+    s10 = ids[10]
+    c10 = clone(p.csi, "c10", snapshot=s10).reply.volume.volume_id
+    layer_step(p, vid, DEPTH + 1)
+    before_v = original_view(env, p, vid, "v")
+    before_c10 = original_view(env, p, c10, "c10")
+    last = snap(p.csi, "last", vid)        # 17 snapshot layers + base
+    cl = clone(p.csi, "clast", snapshot=last).reply.volume.volume_id
+    flattened(p, vid, depth=3)
+    poll(lambda: len(p.volume_record(cl)["layers"]) <= 3, 60,
+         what="the clone's chain to take the flattened layer")
+    # every named snapshot is still there, listed
+    listed = {e.snapshot.snapshot_id for e in p.csi.ListSnapshots().reply.entries}
+    assert set(ids.values()) | {last} <= listed
+    assert_views(daemon_view(k, vid), before_v)
+    assert_views(daemon_view(k, cl), before_v)
+    assert chain(p, c10) == ["@" + s10] + [f"@{ids[i]}" for i in range(9, 0, -1)] + ["base"]
+    assert_views(daemon_view(k, c10), before_c10)
+    # a new clone of the newest snapshot starts shallow, and reads the same
+    c2 = clone(p.csi, "c2", snapshot=last).reply.volume.volume_id
+    assert len(chain(p, c2)) <= 4
+    assert_views(daemon_view(k, c2), before_v)
+
+
+@pytest.mark.timeout(240)
+def test_staged_volume_waits_for_unstage(env, strata, kubelet, csi):
+    """A daemon reads the old layers: its volume's record and every layer
+    it names stay until it is unstaged; snapshots of it are flattened at
+    once, and the volume right after the unstage."""
+    p, k = strata, kubelet
+    vid = k.create("v")
+    st = k.stage(vid)
+    ids = {}
+    for i in range(1, DEPTH + 2):
+        write_file(os.path.join(st, f"f{i}"), f"live {i}\n")
+        if i == 3:
+            os.unlink(os.path.join(st, "lower.txt"))
+            os.unlink(os.path.join(st, "f2"))
+        ids[i] = snap(csi, f"s{i}", vid)
+        if i <= DEPTH:
+            assert csi.DeleteSnapshot(snapshot_id=ids[i]).code == "OK"
+    # the newest snapshot's chain (17 deep) is flattened while staged
+    poll(lambda: len(snap_record(p, ids[DEPTH + 1])["chain"]) <= 2, 60,
+         what="the snapshot's chain to be flattened")
+    time.sleep(1)
+    layers = chain(p, vid)
+    assert len(layers) == DEPTH + 2        # the staged volume's: untouched
+    for e in layers:                       # and every layer it reads: there
+        assert os.path.isdir(layer_dir(p, e)), e
+    live = view(st)
+    before = original_view(env, p, vid, "staged")
+    assert_views(live, before)
+    k.unstage(vid, st)
+    layers = flattened(p, vid, depth=3)
+    after = daemon_view(k, vid)
+    assert_views(after, before)
+    # the hidden snapshots only the staged volume held are gone now
+    poll(lambda: not {ids[i] for i in range(1, DEPTH + 1)} & set(snapshot_dirs(p)),
+         10, what="the hidden snapshots' layers to be freed")
+    # a clone of the newest snapshot reads what the volume read
+    c = clone(csi, "c", snapshot=ids[DEPTH + 1]).reply.volume.volume_id
+    assert_views(daemon_view(k, c), before)
+
+
+FLATTEN_POINTS = ["flatten.built", "flatten.named", "flatten.switch"]
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("point", FLATTEN_POINTS)
+def test_killed_while_flattening(env, strata, point):
+    strata.stop()
+    p = env.plugin(root=strata.root, environ={"STRATA_CSI_KILL_AT": point})
+    k = Kubelet(env, p)
+    vid = k.create("v")
+    deepen(p, vid, 1, DEPTH - 1)
+    layer_step(p, vid, DEPTH)
+    before = original_view(env, p, vid, "before")
+    r = p.csi.CreateSnapshot(name="last", source_volume_id=vid)
+    # the snapshot is answered; the flatten after it kills the plugin
+    assert r.code in ("OK", "UNAVAILABLE"), r
+    poll(lambda: not p.alive(), 30, what="the plugin to die at " + point)
+    p.environ.pop("STRATA_CSI_KILL_AT")
+    p.start()
+    # the chain is whole at every step: the old one or the flattened one
+    layers = flattened(p, vid)
+    assert layers[1:] == ["base"]
+    assert not [d for d in snapshot_dirs(p) if d.startswith(".")]
+    assert_views(daemon_view(k, vid), before)
+    # the run's layers go once the named snapshot whose chain holds
+    # them does too: nothing but the flattened layer is left
+    sid = [e.snapshot.snapshot_id for e in p.csi.ListSnapshots().reply.entries]
+    assert p.csi.DeleteSnapshot(snapshot_id=sid[0]).code == "OK"
+    assert snapshot_dirs(p) == [layers[0][1:]]
+
+
+@pytest.mark.timeout(180)
+def test_full_store_keeps_the_old_chain(env):
+    """A flatten that runs out of space leaves the chain it had and no
+    part of the new layer."""
+    p = env.plugin(root=env.tmpfs_root(size="48m", layers={
+        "base": {"lower.txt": "from the lower layer\n"}}))
+    k = Kubelet(env, p)
+    vid = k.create("v")
+    with open(upper(p, vid, "big"), "wb") as f:
+        f.write(os.urandom(20 << 20))
+    deepen(p, vid, 2, DEPTH - 1)
+    # leave less room than the merged run needs, more than a snapshot does
+    filler = os.path.join(p.root, "filler")
+    with open(filler, "wb") as f:
+        free = os.statvfs(p.root).f_bavail * os.statvfs(p.root).f_frsize
+        f.write(b"\1" * (free - (8 << 20)))
+    old = chain(p, vid)
+    deepen(p, vid, DEPTH, DEPTH + 1)
+    poll(lambda: "failed after" in p.log(), 60, what="the flatten to fail")
+    before = original_view(env, p, vid, "before")
+    layers = chain(p, vid)
+    assert len(layers) == len(old) + 2 and layers[2:] == old
+    assert not [d for d in snapshot_dirs(p) if d.startswith(".")]
+    for e in layers:
+        assert os.path.isdir(layer_dir(p, e)), e
+    os.unlink(filler)
+    assert_views(daemon_view(k, vid), before)
