@@ -385,10 +385,16 @@ def test_inspect_shows_a_copy_up_in_progress(strata, kubelet):
         r = ctl(strata, "--json", "volume", "inspect", vid)
         assert r.returncode == 0, r.stderr
         ups = json.loads(r.stdout)["volume"].get("copy_ups", [])
-        if ups:
-            seen.append((ups, ctl(strata, "volume", "inspect", vid).stdout))
+        if not ups:
+            continue
+        # the text look comes after the JSON one: the copy-up may have
+        # ended in between, so look again until both saw it
+        text = ctl(strata, "volume", "inspect", vid).stdout
+        if "copy_up" in text:
+            seen.append((ups, text))
+            break
     t.join()
-    assert seen, "the copy-up ended before one look"
+    assert seen, "the copy-up ended before two looks saw it"
     ups, text = seen[0]
     assert ups[0]["path"] == "big.bin" and int(ups[0]["total_bytes"]) == size
     assert 0 <= int(ups[0].get("done_bytes", 0)) <= size

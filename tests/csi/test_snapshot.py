@@ -169,6 +169,8 @@ def test_chain_depth_limit(csi, kubelet, strata):
     # the 63 snapshots, and the layers their deep chains were flattened into
     assert set(ids) <= set(snapshot_dirs(strata))
     for d in set(snapshot_dirs(strata)) - set(ids):
+        if d.startswith("."):   # a merge still being built, or a removal
+            continue
         with open(strata.path("snapshots", d, "snapshot.json")) as f:
             assert json.load(f)["name"].startswith("flatten:"), d
     kubelet.unstage(vid, st)
