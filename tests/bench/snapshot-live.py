@@ -12,6 +12,9 @@ control channel). For each it prints:
   seconds      CreateSnapshot's reply time
   growth       what the store grew by during the call and the sync after
                it (du), less what the writer appended meanwhile
+  fs growth    the same from the filesystem's free space: data a reflink
+               shares counts once (du counts it in each file); meaningful
+               on a filesystem of its own (--dir on a dedicated mount)
   log          the writer's file at the snapshot: its next write copies
                it up into the new upper whole, which is part of growth
   stall        the writer's slowest write+fsync around the call
@@ -36,7 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tests", "bench", "lib"))
 
 from csiplugin import Plugin  # noqa: E402
-from snapshot import du, volume_args  # noqa: E402
+from snapshot import du, fs_used, volume_args  # noqa: E402
 
 
 class Writer(threading.Thread):
@@ -96,10 +99,10 @@ def main():
         print(f"volume of {args.size} bytes in {args.files} fallocate'd "
               f"files, staged, a writer appending 4 KiB + fsync; {args.dir}")
         print(f"{'snapshot':<10}{'seconds':>10}{'growth (bytes)':>16}"
-              f"{'log (bytes)':>14}{'stall (s)':>11}")
+              f"{'fs growth':>14}{'log (bytes)':>14}{'stall (s)':>11}")
         for n in range(args.rounds):
             os.sync()
-            before, wrote = du(root), writer.written
+            before, fs_before, wrote = du(root), fs_used(root), writer.written
             logsize = os.stat(os.path.join(staging, "log")).st_size
             t0 = time.monotonic()
             plugin.call("Controller", "CreateSnapshot", plugin.pb.CreateSnapshotRequest(
@@ -107,8 +110,10 @@ def main():
             t1 = time.monotonic()
             time.sleep(0.5)    # the writer's next write copies its file up
             os.sync()
-            grew = du(root) - before - (writer.written - wrote)
-            print(f"{n + 1:<10}{t1 - t0:10.4f}{grew:16d}{logsize:14d}"
+            appended = writer.written - wrote
+            grew = du(root) - before - appended
+            fs_grew = fs_used(root) - fs_before - appended
+            print(f"{n + 1:<10}{t1 - t0:10.4f}{grew:16d}{fs_grew:14d}{logsize:14d}"
                   f"{writer.worst(t0, t1):11.4f}", flush=True)
         if writer.error:
             sys.exit(f"snapshot-live: the writer failed: {writer.error}")

@@ -39,6 +39,14 @@ def du(path):
     return int(out.split()[0])
 
 
+def fs_used(path):
+    """Bytes the filesystem holding PATH has allocated: unlike du, data
+    shared by reflinks (FICLONE) counts once. Only the store's own
+    growth when nothing else writes to that filesystem."""
+    st = os.statvfs(path)
+    return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+
 def size_arg(s):
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
     return int(s[:-1]) * units[s[-1].upper()] if s[-1].upper() in units else int(s)
