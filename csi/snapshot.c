@@ -268,7 +268,8 @@ int csi_snapshot_hide(struct csi_store *s, struct csi_snapshot *ss)
  * A fresh upper for VID, owned and moded as the root of the one frozen,
  * made whole under a hidden name and renamed into place: a crash leaves
  * no upper (made again) or a whole one, never one of the wrong mode. One
- * that exists (a daemon's, after a live freeze) is left as it is.
+ * that exists (a daemon's, after a live freeze) is left as it is, also
+ * one made while this one was.
  */
 static int csi_snapshot_fresh_upper(struct csi_store *s, const char *vid,
 				    const char *layer)
@@ -299,9 +300,19 @@ static int csi_snapshot_fresh_upper(struct csi_store *s, const char *vid,
 	    futimens(fd, (struct timespec[]){ st.st_atim, st.st_mtim }) < 0)
 		ret = -errno;
 	close(fd);
-	if (!ret && renameat(s->volumes_fd, tmp, s->volumes_fd, upper) < 0)
-		ret = -errno;
-	return ret;
+	if (ret)
+		return ret;
+	/*
+	 * Never over one that appeared meanwhile: a rename would replace an
+	 * empty directory, and a daemon finishing a freeze its worker died
+	 * in makes the new upper itself and serves it at once (fuse/freeze.c).
+	 */
+	if (renameat2(s->volumes_fd, tmp, s->volumes_fd, upper,
+		      RENAME_NOREPLACE) == 0)
+		return 0;
+	if (errno != EEXIST)
+		return -errno;
+	return unlinkat(s->volumes_fd, tmp, AT_REMOVEDIR) < 0 ? -errno : 0;
 }
 
 /*

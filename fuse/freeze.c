@@ -46,6 +46,15 @@
  * that replaces this one, or the binary of an upgrade, serves it as it is
  * after the freeze; the new upper's descriptor is kept by each new worker
  * (sfs_freeze_fds).
+ *
+ * A worker that dies between the rename (3) and the end of the switch
+ * (4) would leave its successor serving the renamed directory, the new
+ * layer, as the upper: writes would land in a snapshot. So NEWDIR is in
+ * the shared state for that span (sfs->freezing), and the next worker
+ * finishes the freeze before it serves (sfs_freeze_takeover), as the
+ * CSI plugin finishes the snapshot once the layer moved: both end where
+ * the freeze would have. A death inside the switch itself, a walk of
+ * memory with no system call, leaves nodes half moved: not recovered.
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -87,6 +96,7 @@ struct sfs_freeze {
 	struct sfs_freeze_grow *grow;
 	size_t ngrow, grow_cap, grow_next;
 	bool grow_failed;
+	bool takeover;		/* finishing a dead worker's freeze */
 	char *out;		/* the error's message goes here */
 	size_t size;
 };
@@ -539,7 +549,12 @@ static int sfs_freeze_make_upper(struct sfs_freeze *z)
 	struct stat st;
 	int ret;
 
-	if (mkdirat(z->upparent, z->upbase, 0700) < 0)
+	/*
+	 * Taking over, the dead worker or the plugin may have made it:
+	 * empty either way, since nothing served it yet.
+	 */
+	if (mkdirat(z->upparent, z->upbase, 0700) < 0 &&
+	    (errno != EEXIST || !z->takeover))
 		return -errno;
 	if (fchownat(z->upparent, z->upbase, z->upst.st_uid, z->upst.st_gid,
 		     AT_SYMLINK_NOFOLLOW) < 0 ||
@@ -597,6 +612,12 @@ static void sfs_freeze_switch(struct sfs_freeze *z)
 	z->rootfd = -1;
 }
 
+/* The freeze is over, through or undone: no worker need finish it. */
+static void sfs_freeze_done(void)
+{
+	atomic_store(&sfs->freezing, NULL);
+}
+
 static long sfs_freeze_us(const struct timespec *a, const struct timespec *b)
 {
 	return (b->tv_sec - a->tv_sec) * 1000000L +
@@ -627,12 +648,14 @@ static int sfs_freeze(struct sfs_freeze *z)
 	}
 	if (ret < 0)
 		goto out_open;
+	atomic_store(&sfs->freezing, z->frozen.path);
 	if (renameat(z->upparent, z->upbase, z->newparent, z->newbase) < 0) {
 		ret = -errno;
 		sfs_freeze_msg(z, "renaming the upper '%.4000s' to '%.4000s': %s",
 			       sfs->upper_real, z->newdir, strerror(errno));
 		goto out_open;
 	}
+	sfs_crash_after("freeze.moved");
 	ret = sfs_freeze_make_upper(z);
 	if (ret < 0) {
 		sfs_freeze_msg(z, "making the new upper '%.4000s': %s",
@@ -644,6 +667,7 @@ static int sfs_freeze(struct sfs_freeze *z)
 				   sfs->upper_real, strerror(errno));
 		goto out_open;
 	}
+	sfs_crash_after("freeze.made");
 	/* what no request owns: none is in flight to finish it */
 	if (sfs_tmp_clear() < 0)
 		strata_warn("freeze: clearing the workdir's temporary entries");
@@ -653,6 +677,7 @@ static int sfs_freeze(struct sfs_freeze *z)
 		strata_warn("freeze: counting the new upper's usage: %s",
 			    strerror(-counted));
 out_open:
+	sfs_freeze_done();
 	sfs_gate_open();
 	clock_gettime(CLOCK_MONOTONIC, &opened);
 	if (ret < 0)
@@ -695,4 +720,75 @@ void sfs_freeze_fds(struct sfs_fdset *keep)
 	sfs_fdset_add(keep, sfs->upper.fd);
 	for (int i = 0; i < sfs->nlower; i++)
 		sfs_fdset_add(keep, sfs->lower[i].fd);
+}
+
+/*
+ * Before a new worker serves: a freeze its predecessor died in after
+ * renaming the upper (see the top of the file) is finished, with a fresh
+ * upper and the switch. If the upper is still where it was, nothing had
+ * moved, or the freeze had put it back: there is nothing to do. KEEP
+ * gets the descriptors the switch opens. An error leaves the worker
+ * unable to serve: the upper it had is a layer now.
+ */
+int sfs_freeze_takeover(struct sfs_fdset *keep)
+{
+	char msg[512] = "";
+	struct sfs_freeze z = {
+		.newdir = atomic_load(&sfs->freezing), .newparent = -1,
+		.upparent = -1, .newfd = -1, .rootfd = -1, .out = msg,
+		.size = sizeof(msg), .takeover = true,
+	};
+	int ret;
+
+	if (!z.newdir)
+		return 0;
+	ret = sfs_freeze_open_upper(&z);
+	if (ret == 0) {
+		strata_info("freeze: the worker before died in a freeze into "
+			    "%s before its upper moved: nothing to finish",
+			    z.newdir);
+		sfs_shm_free((char *)z.newdir);
+		goto out;
+	}
+	if (ret != -ENOENT && ret != -ESTALE)
+		goto out_err;
+	z.frozen = sfs->upper;
+	z.frozen.path = (char *)z.newdir;
+	ret = sfs_freeze_make_upper(&z);
+	if (ret < 0) {
+		sfs_freeze_msg(&z, "making the new upper '%.400s': %s",
+			       sfs->upper_real, strerror(-ret));
+		goto out_err;
+	}
+	ret = sfs_freeze_alloc_grow(&z);
+	if (ret < 0) {
+		sfs_freeze_msg(&z, "no memory for the nodes' layers");
+		goto out_err;
+	}
+	sfs_freeze_switch(&z);
+	sfs_fdset_add(keep, sfs->upper.fd);
+	sfs_fdset_add(keep, sfs->root->up.fd);
+	if (sfs_usage_recount() < 0)
+		strata_warn("freeze: counting the new upper's usage");
+	strata_warn("freeze: finished the freeze into %s that the worker "
+		    "before died in", sfs->lower[0].path);
+	goto out;
+out_err:
+	strata_err("freeze: the worker before died in a freeze into %s "
+		   "after its upper moved, and it cannot be finished: %s",
+		   z.newdir, msg);
+	if (z.newfd >= 0)
+		close(z.newfd);
+	if (z.rootfd >= 0)
+		close(z.rootfd);
+	sfs_freeze_free_grow(&z);
+	if (z.upparent >= 0)
+		close(z.upparent);
+	return ret;
+out:
+	sfs_freeze_done();
+	sfs_freeze_free_grow(&z);
+	if (z.upparent >= 0)
+		close(z.upparent);
+	return 0;
 }

@@ -257,6 +257,12 @@ struct sfs_fs {
 	int nlower;
 	struct sfs_layer lower[SFS_MAX_LOWERS];
 	char *upper_real;	/* the upper's real path, for a freeze's rename */
+	/*
+	 * NEWDIR from just before a freeze renames the upper until its
+	 * switch is done: a worker that takes over from one that died in
+	 * between finishes that freeze (freeze.c).
+	 */
+	_Atomic(char *) freezing;
 	char *upper_from_work;	/* the upper's path from the workdir: "../u" */
 	int workfd;		/* the workdir, flock'ed while mounted */
 	int tmpfd;		/* workdir/work: temp entries for atomic moves */
@@ -781,6 +787,7 @@ void sfs_gate_open(void);
 /* freeze.c */
 int sfs_freeze_verb(int argc, char **argv, char *out, size_t size);
 void sfs_freeze_fds(struct sfs_fdset *keep);
+int sfs_freeze_takeover(struct sfs_fdset *keep);
 
 /* progress.c */
 struct sfs_progress;

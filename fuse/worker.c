@@ -139,6 +139,9 @@ static int sfs_worker_takeover(const struct sfs_fdset *base)
 	ret = sfs_table_takeover(&keep);
 	if (ret == 0) {
 		sfs_files_takeover(&keep);
+		ret = sfs_freeze_takeover(&keep);
+	}
+	if (ret == 0) {
 		sfs_table_prune();
 		ret = sfs_fd_each(sfs_fd_sweep, &keep);
 	}

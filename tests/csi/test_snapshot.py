@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from csitest import Kubelet, pb, poll, write_file
+from csitest import Kubelet, pb, poll, read_file, write_file
 from snaptest import (SNAPSHOT_ID_RE, chain, clone, contents, fill, snap,
                       snapshot_dirs)
 
@@ -330,6 +330,37 @@ def test_killed_while_freezing_a_staged_volume(env, strata, point):
                                                   "more": "later\n"}
     r = clone(p.csi, "c", snapshot=sid)
     assert contents(k, r.reply.volume.volume_id, ["data"]) == {"data": "precious\n"}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("point", ["freeze.moved", "freeze.made"])
+def test_daemon_worker_killed_while_freezing(env, strata, point):
+    """The daemon's worker dies once its upper is renamed into the new
+    layer, before it switched to a fresh one: the plugin finishes the
+    snapshot (the layer moved), the next worker finishes the freeze, and
+    what the pod writes afterwards is in the volume, not in the snapshot."""
+    strata.stop()
+    p = env.plugin(root=strata.root, environ={"STRATAFS_CRASH_AFTER": point})
+    k = Kubelet(env, p)
+    vid = k.create("v")
+    st = k.stage(vid)
+    write_file(os.path.join(st, "data"), "precious\n")
+    sid = snap(p.csi, "s", vid)
+    assert chain(p, vid) == ["@" + sid, "base"]
+    poll(lambda: "finished the freeze into " + p.path("snapshots") in
+         read_file(p.path("node", vid + ".log")).decode(), 30,
+         what="the next worker to finish the freeze")
+    write_file(os.path.join(st, "more"), "later\n")
+    layer = p.path("snapshots", sid, "layer")
+    assert sorted(os.listdir(layer)) == ["data"]
+    assert sorted(os.listdir(p.path("volumes", vid, "upper"))) == ["more"]
+    k.unstage(vid, st)
+    assert contents(k, vid, ["data", "more"]) == {"data": "precious\n",
+                                                  "more": "later\n"}
+    r = clone(p.csi, "c", snapshot=sid)
+    assert r.code == "OK", r
+    assert contents(k, r.reply.volume.volume_id, ["data", "more"]) == {
+        "data": "precious\n", "more": None}
 
 
 @pytest.mark.timeout(60)

@@ -195,6 +195,39 @@ def test_freeze_content_and_later_writes(stratafs_only, tmp_path):
     assert view(r2.mnt) == merged
 
 
+@pytest.mark.skipif(not supervised(),
+                    reason="without a supervisor a dead daemon's mount is gone")
+@pytest.mark.parametrize("point", ["freeze.moved", "freeze.made"])
+def test_a_freeze_its_worker_died_in_is_finished(stratafs_only, tmp_path,
+                                                 point):
+    """The worker killed once the upper was renamed (moved: no new upper
+    yet; made: the new upper made) and before the switch: the next one
+    finishes the freeze before it serves, so nothing written afterwards
+    lands in the new layer, and the view is the frozen stack's."""
+    u = mount(stratafs_only, tmp_path, env={"STRATAFS_CRASH_AFTER": point})
+    before_freeze(u)
+    upper_then = snapshot_upper(u.upper)
+    view_then = view(u.mnt)
+    upper_ino = os.stat(u.upper).st_ino
+    old = worker_of(u)
+    frozen = tmp_path / "frozen"
+    with pytest.raises((OSError, ValueError)):   # no answer: it died
+        control_call(u.sock, "freeze", str(frozen), timeout=60)
+    worker_of(u, old)
+    assert view(u.mnt) == view_then
+    assert os.stat(frozen).st_ino == upper_ino
+    assert os.listdir(u.upper) == []
+    after_freeze(u)
+    assert snapshot_upper(str(frozen)) == upper_then
+    assert "finished the freeze into " + str(frozen) in u.stderr()
+    merged = view(u.mnt)
+    layers = [str(frozen)] + u.lowers
+    u.unmount()
+    assert oracle(stratafs_only, u, layers, "1") == merged
+    r2 = remount_frozen(stratafs_only, u, layers)
+    assert view(r2.mnt) == merged
+
+
 @holds_handles
 def test_reader_of_a_replaced_lower_file(stratafs_only, tmp_path):
     # a reader opened on the lower file, which another handle then copied
