@@ -10,7 +10,8 @@ import pytest
 
 from csitest import (STRATAFS_FSTYPE, answers, assert_daemon_gone,
                      daemon_options, errno_of, is_mounted, mount_id, mounts_under,
-                     pid_alive, poll, read_file, snapshot, write_file)
+                     pid_alive, poll, proc_state, read_file, snapshot,
+                     write_file)
 from strata_common import control_call
 
 
@@ -214,6 +215,11 @@ def test_heal_after_daemon_death_while_running(env, kubelet, strata):
     write_file(os.path.join(st, "f"), "x")
     pid = strata.daemon_pid(vid)
     os.kill(pid, signal.SIGKILL)
+    # a signal is delivered when its target next runs: until then the
+    # daemon is alive and its mount answers, and a stage rightly finds
+    # nothing to heal
+    poll(lambda: (proc_state(pid) or ("X",))[0] in ("Z", "X"), 10,
+         what="the daemon to die")
     poll(lambda: errno_of(os.listdir, st) in (errno.ENOTCONN, 0), 5)
     # kubelet re-sends stage after a pod restart: the volume works again
     kubelet.stage(vid, st)
