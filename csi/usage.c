@@ -40,7 +40,7 @@ static int csi_usage_parse_reply(const char *text, struct csi_usage *u)
 
 /*
  * The usage file the daemon keeps: "strata-usage 1", bytes=, inodes=,
- * clean= (*CLEAN: written at the daemon's orderly end).
+ * clean= (*CLEAN, unless NULL: written at the daemon's orderly end).
  */
 static int csi_usage_read_file(struct csi_store *s, const char *id,
 			       struct csi_usage *u, bool *clean)
@@ -61,7 +61,8 @@ static int csi_usage_read_file(struct csi_store *s, const char *id,
 	u->bytes = bytes;
 	u->inodes = inodes;
 	u->capacity = -1;
-	*clean = flag == 1;
+	if (clean)
+		*clean = flag == 1;
 	return 0;
 }
 
@@ -74,7 +75,6 @@ int csi_usage_get(struct csi_store *s, const char *id, struct csi_usage *u)
 {
 	const char *argv[] = { "usage" };
 	char text[256], path[PATH_MAX];
-	bool clean;
 	int ret;
 
 	memset(u, 0, sizeof(*u));
@@ -91,7 +91,7 @@ int csi_usage_get(struct csi_store *s, const char *id, struct csi_usage *u)
 	snprintf(u->why, sizeof(u->why), "its daemon did not answer (%.80s)",
 		 ret == -ENOENT || ret == -ECONNREFUSED ? "not running" :
 		 *text ? text : strerror(-ret));
-	ret = csi_usage_read_file(s, id, u, &clean);
+	ret = csi_usage_read_file(s, id, u, NULL);
 	if (ret != -ENOENT)
 		return ret;
 	if (snprintf(path, sizeof(path), "%s/volumes/%s/upper", s->root, id) >=
