@@ -217,6 +217,8 @@ struct csi_snapshot {
 	char *name;		/* CreateSnapshot's; "" for a clone's own */
 	char source[CSI_VOLUME_ID_LEN + 1];	/* the volume it was taken of */
 	int64_t capacity;	/* the source's at the time: a clone's least */
+	/* what its layer allocates, as the volume's daemon counted it; 0: unknown */
+	int64_t size;
 	int64_t created_s;	/* creation time, since the epoch */
 	int32_t created_ns;
 	int nchain;
@@ -504,6 +506,7 @@ struct csi_usage {
 	char why[160];		/* when not live: why the daemon did not say */
 };
 int csi_usage_get(struct csi_store *s, const char *id, struct csi_usage *u);
+int csi_usage_saved(struct csi_store *s, const char *id, int64_t *bytes);
 int csi_usage_set_capacity(struct csi_store *s, const char *id, int64_t cap,
 			   char *why, size_t size);
 

@@ -26,6 +26,14 @@
  * path and recovery (at plugin start, and before any daemon of the
  * volume starts) are the same code.
  *
+ * A snapshot's size is what its layer allocates as the volume's daemon
+ * counted it (fuse/usage.c), never a walk: a live freeze answers it; an
+ * unstaged volume has the count its last daemon saved at its orderly
+ * end, read before the intent is written, so that recovery records it
+ * too (a live freeze's answer is lost with a crash: 0, unknown). That
+ * saved count goes with the old upper and workdir: the next daemon would
+ * charge it to the fresh upper, which it counts anew.
+ *
  * Users are counted by reading the chains, not kept as counters: the
  * store holds one node's volumes, and a count that is computed cannot
  * drift from the records after a crash. A deleted snapshot that a chain
@@ -95,6 +103,7 @@ static json_object *csi_snapshot_json(const struct csi_snapshot *ss)
 			       json_object_new_string(ss->source));
 	json_object_object_add(o, "capacity_bytes",
 			       json_object_new_int64(ss->capacity));
+	json_object_object_add(o, "size_bytes", json_object_new_int64(ss->size));
 	json_object_object_add(o, "created_seconds",
 			       json_object_new_int64(ss->created_s));
 	json_object_object_add(o, "created_nanos",
@@ -121,6 +130,10 @@ static int csi_snapshot_parse(json_object *o, struct csi_snapshot *ss)
 	memcpy(ss->id, id, sizeof(ss->id));
 	memcpy(ss->source, src, sizeof(ss->source));
 	ss->capacity = csi_json_int(o, "capacity_bytes");
+	/* absent in records from before sizes: unknown */
+	ss->size = csi_json_int(o, "size_bytes");
+	if (ss->size < 0)
+		ss->size = 0;
 	ss->created_s = csi_json_int(o, "created_seconds");
 	ss->created_ns = (int32_t)csi_json_int(o, "created_nanos");
 	ss->hidden = json_object_object_get_ex(o, "hidden", &hidden) &&
@@ -316,14 +329,15 @@ static int csi_snapshot_fresh_upper(struct csi_store *s, const char *vid,
 }
 
 /*
- * An empty workdir for an upper that is not served: what the old one
- * held (copy-ups under way, the kernel's work/ and index/) belongs to
- * the upper that was frozen, and overlayfs wants none of it.
+ * An empty workdir and no usage file for an upper that is not served:
+ * what the old workdir held (copy-ups under way, the kernel's work/ and
+ * index/) belongs to the upper that was frozen, and overlayfs wants none
+ * of it; the count the last daemon saved is the frozen upper's.
  */
 static int csi_snapshot_fresh_work(struct csi_store *s, const char *vid)
 {
 	char work[64];
-	int ret;
+	int fd, ret;
 
 	ret = csi_volume_served(s, vid);
 	if (ret)
@@ -334,7 +348,14 @@ static int csi_snapshot_fresh_work(struct csi_store *s, const char *vid)
 		return ret;
 	if (mkdirat(s->volumes_fd, work, 0700) < 0 && errno != EEXIST)
 		return -errno;
-	return fsync(s->volumes_fd) < 0 ? -errno : 0;
+	fd = openat(s->volumes_fd, vid, O_RDONLY | O_DIRECTORY | O_NOFOLLOW |
+						O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	/* and the volume's directory synced: the workdir's change stays too */
+	ret = csi_record_remove(fd, "usage");
+	close(fd);
+	return ret;
 }
 
 /* The snapshot's layer on top of the volume's recorded chain, once. */
@@ -653,14 +674,39 @@ void csi_snapshot_gc(struct csi_store *s)
 }
 
 /*
+ * The daemon's answer to a freeze, "layer=PATH bytes=N" with PATH as
+ * asked (matched whole: it may hold spaces): N, the bytes its count gave
+ * the frozen layer, in *BYTES. -EPROTO for another answer (a daemon from
+ * before the count answers "layer=PATH" alone).
+ */
+static int csi_snapshot_frozen_bytes(const char *text, const char *path,
+				     int64_t *bytes)
+{
+	size_t len = strlen(path);
+	long long n;
+	int end = 0;
+
+	if (strncmp(text, "layer=", 6) || strncmp(text + 6, path, len))
+		return -EPROTO;
+	text += 6 + len;
+	if (strncmp(text, " bytes=", 7) || text[7] < '0' || text[7] > '9' ||
+	    sscanf(text + 7, "%lld%n", &n, &end) != 1 || text[7 + end])
+		return -EPROTO;
+	*bytes = n;
+	return 0;
+}
+
+/*
  * The volume's upper moved to the new layer by its daemon, live: the
  * daemon syncs, holds writers for a moment, renames its upper there and
- * carries on over it on a fresh upper. What it answers is in WHY.
+ * carries on over it on a fresh upper. What it answers is in WHY, the
+ * frozen layer's size in SS (0 when it does not say).
  */
 static int csi_snapshot_freeze_live(struct csi_store *s, const char *vid,
-				    const char *layer, char *why, size_t size)
+				    struct csi_snapshot *ss, const char *layer,
+				    char *why, size_t size)
 {
-	char path[PATH_MAX], out[512];
+	char path[PATH_MAX], out[PATH_MAX + 64];
 	const char *argv[] = { "freeze", path };
 	int ret;
 
@@ -682,6 +728,10 @@ static int csi_snapshot_freeze_live(struct csi_store *s, const char *vid,
 			 vid, strerror(-ret), out[0] ? ": " : "", out);
 		return -EREMOTEIO;
 	}
+	/* frozen all the same: the size is only unknown */
+	if (csi_snapshot_frozen_bytes(out, path, &ss->size))
+		strata_warn("volume %s: its daemon froze it but answered '%.200s': the size of snapshot %s is unknown",
+			    vid, out, ss->id);
 	return 0;
 }
 
@@ -714,6 +764,29 @@ static int csi_snapshot_index_used(struct csi_store *s, const char *vid)
 		closedir(d);
 	}
 	return used;
+}
+
+/*
+ * What the upper of unstaged volume VID allocates, by the count its last
+ * daemon saved at its orderly end, which holds its workdir too: that one
+ * is walked (a few directories: the daemon emptied it) and taken off.
+ * 0, unknown, without a clean count: the layer is never walked.
+ */
+static int64_t csi_snapshot_saved_size(struct csi_store *s, const char *vid)
+{
+	int64_t bytes, work = 0, inodes;
+	char path[PATH_MAX];
+	int ret;
+
+	if (csi_usage_saved(s, vid, &bytes))
+		return 0;
+	if (snprintf(path, sizeof(path), "%s/volumes/%s/work", s->root, vid) >=
+	    (int)sizeof(path))
+		return 0;
+	ret = csi_tree_usage(path, &work, &inodes);
+	if (ret && ret != -ENOENT)
+		return 0;
+	return bytes > work ? bytes - work : 0;
 }
 
 /* The upper of an unstaged volume, renamed: no daemon holds it. */
@@ -783,6 +856,9 @@ int csi_snapshot_take(struct csi_plugin *p, struct csi_volume *v,
 		goto out_why;
 	memcpy(ss->source, v->id, sizeof(ss->source));
 	ss->capacity = v->capacity;
+	/* in the intent: a recovery that finishes the snapshot keeps it */
+	if (!staged)
+		ss->size = csi_snapshot_saved_size(s, v->id);
 	clock_gettime(CLOCK_REALTIME, &now);
 	ss->created_s = now.tv_sec;
 	ss->created_ns = now.tv_nsec;
@@ -804,7 +880,7 @@ int csi_snapshot_take(struct csi_plugin *p, struct csi_volume *v,
 		goto out_why;
 	}
 	csi_kill_point("snapshot.intent");
-	ret = staged ? csi_snapshot_freeze_live(s, v->id, layer, why, size) :
+	ret = staged ? csi_snapshot_freeze_live(s, v->id, ss, layer, why, size) :
 		       csi_snapshot_freeze_here(s, v->id, layer, why, size);
 	if (!ret) {
 		csi_kill_point("snapshot.upper");

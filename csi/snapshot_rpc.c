@@ -33,9 +33,9 @@ static Csi__V1__Snapshot *csi_snapshot_msg(struct csi_reply *r,
 	m->snap.snapshot_id = csi_strdup(r, ss->id);
 	m->snap.source_volume_id = csi_strdup(r, ss->source);
 	m->snap.creation_time = &m->ts;
-	/* a rename: whole at once; its size would take a walk of the layer */
+	/* a rename: whole at once */
 	m->snap.ready_to_use = true;
-	m->snap.size_bytes = 0;
+	m->snap.size_bytes = ss->size;
 	if (!m->snap.snapshot_id || !m->snap.source_volume_id)
 		return NULL;
 	return &m->snap;

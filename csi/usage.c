@@ -5,6 +5,7 @@
  * channel, never walked. A volume whose daemon does not answer (not
  * staged, or a daemon dying) has the numbers its daemon last saved in
  * volumes/<id>/usage, said to be so. Only a volume without that file (a
+ * fresh upper after a snapshot, whose file went with the old one; a
  * daemon started before the count existed, still serving after a plugin
  * upgrade) has its upper walked, said to be so too.
  */
@@ -37,13 +38,16 @@ static int csi_usage_parse_reply(const char *text, struct csi_usage *u)
 	return 0;
 }
 
-/* The usage file the daemon keeps: "strata-usage 1", bytes=, inodes=, clean=. */
+/*
+ * The usage file the daemon keeps: "strata-usage 1", bytes=, inodes=,
+ * clean= (*CLEAN, unless NULL: written at the daemon's orderly end).
+ */
 static int csi_usage_read_file(struct csi_store *s, const char *id,
-			       struct csi_usage *u)
+			       struct csi_usage *u, bool *clean)
 {
 	char path[CSI_VOLUME_ID_LEN + 16], buf[256];
 	long long bytes, inodes;
-	int clean, end = 0;
+	int flag, end = 0;
 	ssize_t len;
 
 	snprintf(path, sizeof(path), "%s/usage", id);
@@ -51,12 +55,14 @@ static int csi_usage_read_file(struct csi_store *s, const char *id,
 	if (len < 0)
 		return len;
 	if (sscanf(buf, "strata-usage 1\nbytes=%lld\ninodes=%lld\nclean=%d\n%n",
-		   &bytes, &inodes, &clean, &end) != 3 || end != len ||
+		   &bytes, &inodes, &flag, &end) != 3 || end != len ||
 	    bytes < 0 || inodes < 0)
 		return -EBADMSG;
 	u->bytes = bytes;
 	u->inodes = inodes;
 	u->capacity = -1;
+	if (clean)
+		*clean = flag == 1;
 	return 0;
 }
 
@@ -85,7 +91,7 @@ int csi_usage_get(struct csi_store *s, const char *id, struct csi_usage *u)
 	snprintf(u->why, sizeof(u->why), "its daemon did not answer (%.80s)",
 		 ret == -ENOENT || ret == -ECONNREFUSED ? "not running" :
 		 *text ? text : strerror(-ret));
-	ret = csi_usage_read_file(s, id, u);
+	ret = csi_usage_read_file(s, id, u, NULL);
 	if (ret != -ENOENT)
 		return ret;
 	if (snprintf(path, sizeof(path), "%s/volumes/%s/upper", s->root, id) >=
@@ -97,6 +103,25 @@ int csi_usage_get(struct csi_store *s, const char *id, struct csi_usage *u)
 	u->capacity = -1;
 	strncat(u->why, ", nor did it ever save its usage: walked its upper",
 		sizeof(u->why) - strlen(u->why) - 1);
+	return 0;
+}
+
+/*
+ * The bytes volume ID's last daemon counted at its orderly end, its
+ * upper's and its workdir's: -EAGAIN when it did not end so (killed:
+ * its last seconds may be missing), -ENOENT when none saved any.
+ */
+int csi_usage_saved(struct csi_store *s, const char *id, int64_t *bytes)
+{
+	struct csi_usage u;
+	bool clean;
+	int ret = csi_usage_read_file(s, id, &u, &clean);
+
+	if (ret)
+		return ret;
+	if (!clean)
+		return -EAGAIN;
+	*bytes = u.bytes;
 	return 0;
 }
 

@@ -8,7 +8,9 @@
  * at PATH. A request is one datagram: a verb and its arguments separated
  * by NUL bytes, so a path needs no escaping. The reply is one datagram,
  * "STATUS TEXT": STATUS is 0 or a negative errno in decimal, TEXT the
- * error's message, or the result as space-separated key=value pairs. One
+ * error's message, or the result as space-separated key=value pairs (a
+ * value that is a path the client gave, as freeze's layer=, may hold
+ * spaces: the client matches it whole, as it knows it). One
  * request per connection, served one at a time by a thread of the
  * serving process, so verbs never race each other.
  *

@@ -18,6 +18,10 @@
  *     window costs a walk of the node table and no per-file I/O;
  *  5. the gate opens; NEWDIR is synced once more, outside the window.
  *
+ * The answer is "layer=NEWDIR bytes=N": N is what the frozen layer
+ * allocates by the usage count (usage.c), the count in the window less
+ * the recount of the fresh upper; 0 when the recount failed (unknown).
+ *
  * The frozen layer is the kernel overlayfs format as the upper was, so
  * its whiteouts and opaque directories keep hiding what is below them:
  * NEWDIR:<old lowers> under the new upper shows what the mount shows,
@@ -60,6 +64,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -97,6 +102,7 @@ struct sfs_freeze {
 	size_t ngrow, grow_cap, grow_next;
 	bool grow_failed;
 	bool takeover;		/* finishing a dead worker's freeze */
+	int64_t bytes;		/* what the frozen layer allocates, counted */
 	char *out;		/* the error's message goes here */
 	size_t size;
 };
@@ -672,7 +678,7 @@ static int sfs_freeze(struct sfs_freeze *z)
 	if (sfs_tmp_clear() < 0)
 		strata_warn("freeze: clearing the workdir's temporary entries");
 	sfs_freeze_switch(z);
-	counted = sfs_usage_recount();
+	counted = sfs_usage_recount(&z->bytes);
 	if (counted < 0)
 		strata_warn("freeze: counting the new upper's usage: %s",
 			    strerror(-counted));
@@ -699,7 +705,8 @@ int sfs_freeze_verb(int argc, char **argv, char *out, size_t size)
 	int ret = sfs_freeze(&z);
 
 	if (ret == 0)
-		snprintf(out, size, "layer=%s", z.newdir);
+		snprintf(out, size, "layer=%s bytes=%" PRId64, z.newdir,
+			 z.bytes);
 	sfs_freeze_free_grow(&z);
 	sfs_shm_free(z.frozen.path);
 	if (z.newparent >= 0)
@@ -768,7 +775,7 @@ int sfs_freeze_takeover(struct sfs_fdset *keep)
 	sfs_freeze_switch(&z);
 	sfs_fdset_add(keep, sfs->upper.fd);
 	sfs_fdset_add(keep, sfs->root->up.fd);
-	if (sfs_usage_recount() < 0)
+	if (sfs_usage_recount(&z.bytes) < 0)
 		strata_warn("freeze: counting the new upper's usage");
 	strata_warn("freeze: finished the freeze into %s that the worker "
 		    "before died in", sfs->lower[0].path);

@@ -760,7 +760,7 @@ int sfs_usage_setup(struct sfs_fs *fs);
 int sfs_usage_start(void);
 void sfs_usage_stop(void);
 int sfs_usage_save(bool clean);
-int sfs_usage_recount(void);
+int sfs_usage_recount(int64_t *frozen);
 void sfs_usage_charge(int64_t bytes, int64_t inodes);
 int sfs_usage_room(int64_t need);
 int sfs_usage_reserve(int64_t need, int64_t *claimed);

@@ -352,10 +352,24 @@ static int sfs_usage_walk(struct sfs_fs *fs)
  * After a freeze (freeze.c), in its window: the upper is a new, empty
  * directory and the workdir is cleared, so what was counted belongs to
  * the frozen layer now. Counting both again is a walk of a few entries.
+ * *FROZEN is what the count held beyond the new one: the frozen layer's
+ * blocks (the workdir is in both counts), 0 when unknown. The saver is
+ * told, so that the usage file stops holding the old count.
  */
-int sfs_usage_recount(void)
+int sfs_usage_recount(int64_t *frozen)
 {
-	return sfs_usage_walk(sfs);
+	int64_t before = atomic_load(&sfs->usage.bytes), after;
+	int ret;
+
+	*frozen = 0;
+	ret = sfs_usage_walk(sfs);
+	if (ret < 0)
+		return ret;
+	atomic_fetch_add(&sfs->usage.changes, 1);
+	after = atomic_load(&sfs->usage.bytes);
+	if (before > after)
+		*frozen = before - after;
+	return 0;
 }
 
 /* ---- the usage file ---- */

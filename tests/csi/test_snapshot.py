@@ -10,7 +10,9 @@ import time
 
 import pytest
 
-from csitest import Kubelet, pb, poll, read_file, write_file
+from csitest import Kubelet, MiB, pb, poll, read_file, write_file
+from strata_common import (assert_layer_size, control_usage, fill_to_enospc,
+                           walk_usage)
 from snaptest import (SNAPSHOT_ID_RE, chain, clone, contents, fill, snap,
                       snapshot_dirs)
 
@@ -26,11 +28,11 @@ def test_create_get_list_delete(csi, kubelet, strata):
     s = r.reply.snapshot
     assert SNAPSHOT_ID_RE.match(s.snapshot_id)
     assert s.source_volume_id == vid and s.ready_to_use
-    assert s.size_bytes == 0
     assert before - 5 <= s.creation_time.seconds <= time.time() + 5
     sid = s.snapshot_id
     # on disk: the old upper is the snapshot's layer, on top of the chain
     layer = strata.path("snapshots", sid, "layer")
+    assert_layer_size(s.size_bytes, layer)
     assert open(os.path.join(layer, "a.txt")).read() == "one\n"
     assert open(os.path.join(layer, "dir", "b.txt")).read() == "two\n"
     assert chain(strata, vid) == ["@" + sid, "base"]
@@ -61,6 +63,86 @@ def test_create_get_list_delete(csi, kubelet, strata):
     assert snapshot_dirs(strata) == []
     # deleting what is gone is done
     assert csi.DeleteSnapshot(snapshot_id=sid).code == "OK"
+
+
+def sizes(csi, sid):
+    """size_bytes as GetSnapshot and ListSnapshots answer it."""
+    got = csi.GetSnapshot(snapshot_id=sid).reply.snapshot.size_bytes
+    (e,) = csi.ListSnapshots(snapshot_id=sid).reply.entries
+    assert e.snapshot.size_bytes == got
+    return got
+
+
+def test_size_is_what_the_layer_allocates(csi, kubelet, strata):
+    """size_bytes is the frozen layer's blocks as the volume's daemon
+    counted them, never walked by the plugin: a live freeze's answer, or
+    for an unstaged volume the count its last daemon saved at its end;
+    0 (the spec's unknown) without a clean count."""
+    vid = kubelet.create("sized")
+    fill(kubelet, vid, {"big": os.urandom(3 * MiB), "dir/small": "s\n",
+                        "dir/deeper/mid": os.urandom(100000)})
+    # unstaged: the count its daemon saved when it was unstaged
+    r = csi.CreateSnapshot(name="unstaged", source_volume_id=vid)
+    assert r.code == "OK", r
+    sid, size = r.reply.snapshot.snapshot_id, r.reply.snapshot.size_bytes
+    assert size >= 3 * MiB
+    assert_layer_size(size, strata.path("snapshots", sid, "layer"))
+    assert sizes(csi, sid) == size
+    with open(strata.path("snapshots", sid, "snapshot.json")) as f:
+        assert json.load(f)["size_bytes"] == size
+
+    # staged: what the daemon answers its freeze
+    st = kubelet.stage(vid)
+    write_file(os.path.join(st, "live"), os.urandom(2 * MiB))
+    write_file(os.path.join(st, "dir", "deeper", "more"), "m\n")
+    r = csi.CreateSnapshot(name="staged", source_volume_id=vid)
+    assert r.code == "OK", r
+    live, size = r.reply.snapshot.snapshot_id, r.reply.snapshot.size_bytes
+    assert 2 * MiB <= size < 3 * MiB
+    assert_layer_size(size, strata.path("snapshots", live, "layer"))
+    assert sizes(csi, live) == size
+    kubelet.unstage(vid, st)
+    # kept across a restart of the plugin
+    strata.restart()
+    assert sizes(strata.csi, sid) >= 3 * MiB
+    assert sizes(strata.csi, live) == size
+
+    # no clean count: never staged, or its daemon killed (what it leaves)
+    never = kubelet.create("never")
+    assert strata.csi.CreateSnapshot(
+        name="never", source_volume_id=never).reply.snapshot.size_bytes == 0
+    k = Kubelet(kubelet.env, strata)
+    killed = k.create("killed")
+    fill(k, killed, {"big": os.urandom(MiB)})
+    ufile = strata.path("volumes", killed, "usage")
+    with open(ufile) as f:
+        text = f.read()
+    assert text.endswith("clean=1\n")
+    with open(ufile, "w") as f:
+        f.write(text.replace("clean=1\n", "clean=0\n"))
+    r = strata.csi.CreateSnapshot(name="killed", source_volume_id=killed)
+    assert r.code == "OK" and r.reply.snapshot.size_bytes == 0, r
+
+
+def test_unstaged_snapshot_leaves_the_volume_its_capacity(csi, kubelet, strata):
+    """The count the last daemon saved is the frozen upper's: it goes with
+    it, and the next daemon counts the fresh upper, so the snapshot's
+    bytes are not charged to the volume's capacity."""
+    vid = kubelet.create("cap", capacity=8 * MiB)
+    fill(kubelet, vid, {"big": "b" * (3 * MiB)})
+    ufile = strata.path("volumes", vid, "usage")
+    assert os.path.exists(ufile)
+    snap(csi, "s", vid)
+    assert not os.path.exists(ufile)
+    st = kubelet.stage(vid)
+    upper = strata.path("volumes", vid)
+    used = control_usage(strata.path("node", f"{vid}.ctl"))["used"]
+    assert used == walk_usage(os.path.join(upper, "upper"),
+                              os.path.join(upper, "work"))[0]
+    assert used < MiB
+    assert os.path.getsize(os.path.join(st, "big")) == 3 * MiB
+    assert fill_to_enospc(os.path.join(st, "more"), limit=9 * MiB) > 7 * MiB
+    kubelet.unstage(vid, st)
 
 
 def test_create_errors(csi, kubelet, strata):
@@ -271,7 +353,7 @@ def test_killed_while_taking(env, strata, point):
     p = env.plugin(root=strata.root, environ={"STRATA_CSI_KILL_AT": point})
     k = Kubelet(env, p)
     vid = k.create("v")
-    fill(k, vid, {"data": "precious\n"})
+    fill(k, vid, {"data": "precious\n", "big": os.urandom(MiB)})
     r = p.csi.CreateSnapshot(name="s", source_volume_id=vid)
     assert r.code == "UNAVAILABLE", r
     poll(lambda: not p.alive(), 10, what="the plugin to die at " + point)
@@ -284,12 +366,19 @@ def test_killed_while_taking(env, strata, point):
     assert not [d for d in dirs if d.startswith(".")], dirs
     listed = [e.snapshot.snapshot_id for e in p.csi.ListSnapshots().reply.entries]
     assert dirs == listed
+    # the saved count goes with the upper it counted, the size stays
+    ufile = p.path("volumes", vid, "usage")
     if listed:
         assert chain(p, vid) == ["@" + listed[0], "base"]
-        assert open(p.path("snapshots", listed[0], "layer", "data")).read() == \
-            "precious\n"
+        layer = p.path("snapshots", listed[0], "layer")
+        assert open(os.path.join(layer, "data")).read() == "precious\n"
+        assert not os.path.exists(ufile)
+        size = sizes(p.csi, listed[0])
+        assert size >= MiB
+        assert_layer_size(size, layer)
     else:
         assert chain(p, vid) == ["base"]
+        assert os.path.exists(ufile)
     # the volume lost and hid nothing
     assert contents(k, vid, ["data"]) == {"data": "precious\n"}
     # the retry makes it (or finds it), whole
@@ -442,7 +531,9 @@ def test_a_snapshot_cut_short_is_settled_before_a_daemon_starts(csi, kubelet, st
     assert contents(kubelet, vid, ["data"]) == {"data": "kept\n"}
     assert chain(strata, vid) == ["@" + sid, "base"]
     assert snapshot_dirs(strata) == [sid]
-    assert csi.GetSnapshot(snapshot_id=sid).reply.snapshot.source_volume_id == vid
+    s = csi.GetSnapshot(snapshot_id=sid).reply.snapshot
+    # an intent without size_bytes (written before sizes): unknown
+    assert s.source_volume_id == vid and s.size_bytes == 0
 
 
 def test_a_snapshot_cut_before_the_move_is_dropped(csi, kubelet, strata):
@@ -472,7 +563,11 @@ def test_snapshots_valgrind_clean(env, strata):
     p = valgrind_plugin(env, strata.root)
     csi, k = p.csi, Kubelet(env, p)
     vid = k.create("v", capacity=8 << 20)
+    # what a daemon saves at its end (none stages under valgrind): the size
+    with open(p.path("volumes", vid, "usage"), "w") as f:
+        f.write("strata-usage 1\nbytes=1048576\ninodes=3\nclean=1\n")
     sid = snap(csi, "s", vid)
+    assert 0 < csi.GetSnapshot(snapshot_id=sid).reply.snapshot.size_bytes <= 1 << 20
     assert snap(csi, "s", vid) == sid
     other = k.create("o")
     assert csi.CreateSnapshot(name="s", source_volume_id=other).code == "ALREADY_EXISTS"

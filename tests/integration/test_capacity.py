@@ -14,7 +14,7 @@ import time
 import pytest
 
 from strata_common import (FILL_CHUNK, control_call, control_usage,
-                           fill_to_enospc)
+                           fill_to_enospc, walk_usage)
 from stratatest import stratafs_binary, wait_for_mount
 from test_tmpfile import name_it
 from test_worker import worker_of
@@ -43,25 +43,6 @@ def mount_cap(factory, tmp_path, cap, *, io=None, usagefile=True, lowers=None,
     u = factory.make(lowers or [{"base": "x"}], extra_opts=opts + list(extra),
                      upper_dir=upper_dir, work_dir=work_dir)
     return u, sock, ufile
-
-
-def walk_usage(*dirs):
-    """What the daemon's start-up walk counts: st_blocks*512 and inodes,
-    each inode with several names once."""
-    seen, used, inodes = set(), 0, 0
-    for d in dirs:
-        for root, dnames, fnames in os.walk(d):
-            for name in [None] + dnames + fnames:
-                if name is None and root != d:
-                    continue
-                st = os.lstat(root if name is None else os.path.join(root, name))
-                key = (st.st_dev, st.st_ino)
-                if key in seen:
-                    continue
-                seen.add(key)
-                used += st.st_blocks * 512
-                inodes += 1
-    return used, inodes
 
 
 def wait_for(cond, what, timeout=30):

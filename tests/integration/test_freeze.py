@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from strata_common import control_call
+from strata_common import assert_layer_size, control_call, control_usage
 from stratatest import (Union, assert_same, run, snapshot_tree,
                         snapshot_upper)
 from test_tmpfile import name_it
@@ -150,7 +150,8 @@ def test_freeze_content_and_later_writes(stratafs_only, tmp_path):
 
     inos_then = snapshot_tree(u.mnt, xattrs=False, ino=True)
     frozen = tmp_path / "frozen"
-    assert freeze(u, frozen) == (0, f"layer={frozen}")
+    status, text = freeze(u, frozen)
+    assert status == 0 and text.startswith(f"layer={frozen} bytes="), text
     assert os.stat(frozen).st_ino == upper_ino
     assert os.listdir(u.upper) == []
     assert view(u.mnt) == view_then
@@ -320,6 +321,51 @@ def test_freeze_twice(stratafs_only, tmp_path):
     assert oracle(stratafs_only, u, layers, "2") == merged
     r2 = remount_frozen(stratafs_only, u, layers)
     assert view(r2.mnt) == merged
+
+
+def frozen_bytes(u, newdir):
+    """freeze NEWDIR: the bytes it answers the frozen layer allocates."""
+    status, text = freeze(u, newdir)
+    assert status == 0, text
+    layer, count = text.rsplit(" ", 1)
+    assert layer == f"layer={newdir}" and count.startswith("bytes="), text
+    return int(count[len("bytes="):])
+
+
+@holds_handles
+def test_freeze_answers_what_the_layer_allocates(stratafs_only, tmp_path):
+    """The answer's bytes= is the daemon's count at the freeze less its
+    count of the fresh upper: what the frozen layer allocates, its blocks
+    as a walk finds them, also for a second freeze, a path with a space,
+    and a layer of a whiteout alone."""
+    u = mount(stratafs_only, tmp_path, extra_opts=["nopassthrough"])
+    before_freeze(u)
+    with open(u.path("big"), "wb") as f:
+        f.write(os.urandom(3 << 20))
+    with open(u.path("sparse"), "wb") as f:  # a hole costs nothing
+        f.truncate(8 << 20)
+        f.seek(4 << 20)
+        f.write(b"s" * 8192)
+    with open(u.path("dir/a"), "a") as f:   # a copy-up, grown
+        f.write("x" * 100000)
+    os.link(u.path("big"), u.path("new/big-link"))
+    first = tmp_path / "frozen one"
+    counted = frozen_bytes(u, first)
+    assert counted >= 3 << 20
+    assert_layer_size(counted, first)
+    # what the daemon counts now is the fresh upper and the workdir
+    assert control_usage(u.sock)["used"] < 64 << 10
+
+    with open(u.path("new/after"), "wb") as f:
+        f.write(os.urandom(1 << 20))
+    second = tmp_path / "f2"
+    counted = frozen_bytes(u, second)
+    assert (1 << 20) <= counted < (3 << 20)
+    assert_layer_size(counted, second)
+
+    os.unlink(u.path("keep"))
+    counted = frozen_bytes(u, tmp_path / "f3")
+    assert_layer_size(counted, tmp_path / "f3")
 
 
 def test_directories_frozen_over_and_over(stratafs_only, tmp_path):

@@ -255,3 +255,34 @@ def fill_to_enospc(path, limit=64 << 20, byte=b"d"):
     finally:
         os.close(fd)
     pytest.fail(f"{limit} bytes went into {path} without ENOSPC")
+
+
+def walk_usage(*dirs):
+    """What the daemon's start-up walk counts: st_blocks*512 and inodes,
+    each inode with several names once."""
+    seen, used, inodes = set(), 0, 0
+    for d in dirs:
+        for root, dnames, fnames in os.walk(d):
+            for name in [None] + dnames + fnames:
+                if name is None and root != d:
+                    continue
+                st = os.lstat(root if name is None else os.path.join(root, name))
+                key = (st.st_dev, st.st_ino)
+                if key in seen:
+                    continue
+                seen.add(key)
+                used += st.st_blocks * 512
+                inodes += 1
+    return used, inodes
+
+
+def assert_layer_size(counted, layer):
+    """COUNTED, a daemon's count of what the frozen LAYER allocates, is
+    what a walk of it finds within one block per directory: the count
+    leaves out a directory's growth by entries moved into it, and the
+    fresh upper's own directory (fuse/usage.c)."""
+    walked = walk_usage(layer)[0]
+    dirs = sum(1 for _ in os.walk(layer))
+    block = os.statvfs(layer).f_bsize
+    assert abs(counted - walked) <= dirs * block, \
+        (counted, walked, dirs)
