@@ -42,6 +42,18 @@ def server_pid(u):
     return worker_of(u) if supervised() else u.pid
 
 
+def kill_worker(u, sock):
+    """SIGKILLs u's worker; the new one's pid, once it answers on sock."""
+    w = worker_of(u)
+    os.kill(w, signal.SIGKILL)
+    w2 = worker_of(u, old=w)
+    deadline = time.monotonic() + 30
+    while control_call(sock, "ping")[1] != f"pong pid={w2}":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    return w2
+
+
 def test_ping_and_errors(stratafs_only, tmp_path):
     sock = str(tmp_path / "c.sock")
     u = mount_ctl(stratafs_only, sock)
@@ -91,14 +103,8 @@ def test_other_users_refused(stratafs_only, tmp_path):
 def test_outlives_workers_and_upgrades(stratafs_only, tmp_path):
     sock = str(tmp_path / "c.sock")
     u = mount_ctl(stratafs_only, sock)
-    w = worker_of(u)
-    assert control_call(sock, "ping") == (0, f"pong pid={w}")
-    os.kill(w, signal.SIGKILL)
-    w2 = worker_of(u, old=w)
-    deadline = time.monotonic() + 30
-    while control_call(sock, "ping")[1] != f"pong pid={w2}":
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    assert control_call(sock, "ping") == (0, f"pong pid={worker_of(u)}")
+    w2 = kill_worker(u, sock)
     os.kill(u.pid, signal.SIGHUP)
     deadline = time.monotonic() + 30
     while True:
@@ -143,13 +149,7 @@ def test_status_of_a_supervised_mount(stratafs_only, tmp_path):
     u = mount_ctl(stratafs_only, sock, ["transport=uring", "passthrough"])
     want = (0, "transport=dev passthrough=on")
     assert control_call(sock, "status") == want
-    w = worker_of(u)
-    os.kill(w, signal.SIGKILL)
-    w2 = worker_of(u, old=w)
-    deadline = time.monotonic() + 30
-    while control_call(sock, "ping")[1] != f"pong pid={w2}":
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    kill_worker(u, sock)
     assert control_call(sock, "status") == want
 
 
