@@ -83,6 +83,13 @@ enum csi_mode {
 	CSI_MODE_CONTROLLER = 2,
 };
 
+/* --fuse-uring: what the plugin does with fuse.enable_uring (transport.c) */
+enum csi_fuse_uring {
+	CSI_URING_OFF,		/* the default: never written */
+	CSI_URING_ON,		/* set when found unset */
+	CSI_URING_LEAVE,	/* reported only */
+};
+
 #define CSI_MAX_PREFIXES 16
 #define CSI_MAX_GUARDS 4
 
@@ -104,6 +111,7 @@ struct csi_config {
 	char *daemon_mntns;	/* --daemon-mount-namespace */
 	char *daemon_cgroup;	/* --daemon-cgroup */
 	char *daemon_bindir;	/* --daemon-binary-dir */
+	enum csi_fuse_uring fuse_uring;	/* --fuse-uring */
 };
 
 #define CSI_MAX_CGROUPS 16
@@ -590,6 +598,10 @@ int csi_cgroup_join(const int *fds, int n, int *failed);
 void csi_cgroup_remove(struct csi_plugin *p, const char *name);
 void csi_cgroup_sweep(struct csi_plugin *p);
 void csi_cgroup_free(struct csi_host *h);
+
+/* transport.c: the host's switch for FUSE over io_uring */
+int csi_transport_parse(const char *name, enum csi_fuse_uring *mode);
+void csi_transport_init(const struct csi_config *c);
 
 /* condition.c: the periodic check of staged volumes */
 void csi_condition_check(struct csi_plugin *p, const char *id, unsigned round);

@@ -99,6 +99,29 @@ static int csi_inspect_copy_ups(struct csi_plugin *p, const char *id,
 	return 0;
 }
 
+/*
+ * How the daemon serves, as its control verb `status` says; left empty
+ * when it does not answer at once, or answers what this plugin does not
+ * know.
+ */
+static void csi_inspect_status(struct csi_plugin *p, const char *id,
+			       Strata__V1__VolumeState *s)
+{
+	static const char *const verb[] = { "status" };
+	char out[256], transport[8], pass[4];
+
+	if (csi_control_call(&p->store, id, verb, 1, out, sizeof(out),
+			     CSI_INSPECT_CONTROL_MS) != 0 ||
+	    sscanf(out, "transport=%7s passthrough=%3s", transport, pass) != 2)
+		return;
+	if (strcmp(transport, "uring") && strcmp(transport, "dev"))
+		return;
+	if (strcmp(pass, "on") && strcmp(pass, "off"))
+		return;
+	s->transport = !strcmp(transport, "uring") ? "uring" : "dev";
+	s->passthrough = !strcmp(pass, "on") ? "on" : "off";
+}
+
 /* The node's part: state, staging path, targets, daemon. */
 static int csi_inspect_node(struct csi_plugin *p, const struct csi_volume *v,
 			    const struct csi_node_vol *n,
@@ -125,6 +148,7 @@ static int csi_inspect_node(struct csi_plugin *p, const struct csi_volume *v,
 	if (csi_daemon_alive(n)) {
 		s->daemon_pid = n->pid;
 		s->uptime_seconds = csi_inspect_uptime(n->starttime);
+		csi_inspect_status(p, v->id, s);
 		if (csi_inspect_copy_ups(p, v->id, s, r))
 			return -ENOMEM;
 	}

@@ -108,6 +108,11 @@ void ctl_print_volume_state(const Strata__V1__VolumeState *s)
 		printf("daemon_pid %d\n", (int)s->daemon_pid);
 		printf("uptime %s\n", age);
 	}
+	if (*s->transport)
+		printf("transport %s\n", !strcmp(s->transport, "uring") ? "io_uring" :
+		       !strcmp(s->transport, "dev") ? "/dev/fuse" : s->transport);
+	if (*s->passthrough)
+		printf("passthrough %s\n", s->passthrough);
 	if (*s->staging_path)
 		printf("restarts %d\n", (int)s->restarts);
 	for (size_t i = 0; i < s->n_copy_ups; i++) {

@@ -2,7 +2,8 @@
 /*
  * The control channel: how the CSI plugin asks a running daemon to do
  * what no FUSE request can ask for (a new capacity, a snapshot's freeze)
- * and to tell what only it knows (its usage, the upper it writes to).
+ * and to tell what only it knows (its usage, the upper it writes to, the
+ * transport and passthrough INIT agreed).
  *
  * With -o control=PATH the daemon listens on a unix SOCK_SEQPACKET socket
  * at PATH. A request is one datagram: a verb and its arguments separated
@@ -50,8 +51,24 @@ static int sfs_control_ping(int argc, char **argv, char *out, size_t size)
 	return 0;
 }
 
+/*
+ * How requests and file data travel, as INIT agreed them: over io_uring
+ * rings or /dev/fuse (uring.c), and whether the kernel does file I/O
+ * itself (passthrough.c), which turns off once the kernel refuses a
+ * backing file. Both live in the shared state, so a worker that came
+ * after INIT answers for it.
+ */
+static int sfs_control_status(int argc, char **argv, char *out, size_t size)
+{
+	snprintf(out, size, "transport=%s passthrough=%s",
+		 atomic_load(&sfs->uring) ? "uring" : "dev",
+		 atomic_load(&sfs->passthrough) ? "on" : "off");
+	return 0;
+}
+
 static const struct sfs_control_verb sfs_control_verbs[] = {
 	{ "ping", sfs_control_ping, 0, 0 },
+	{ "status", sfs_control_status, 0, 0 },
 	{ "progress", sfs_progress_verb, 0, 0 },
 	{ "usage", sfs_usage_verb, 0, 0 },
 	{ "capacity", sfs_capacity_verb, 1, 1 },

@@ -244,11 +244,11 @@ bool sfs_uring_usable(uint64_t offered, bool supervised)
 		why = "valgrind cannot run it";
 	} else if (!(offered & SFS_FUSE_OVER_IO_URING)) {
 		/* the kernel offers it only while the parameter is set */
-		why = access("/sys/module/fuse/parameters/enable_uring", F_OK) ?
+		why = access(STRATA_FUSE_URING_PARAM, F_OK) ?
 			      "this kernel has no FUSE over io_uring (Linux 6.14 "
 			      "and later, CONFIG_FUSE_IO_URING)" :
 			      "the module parameter fuse.enable_uring is 0 "
-			      "(/sys/module/fuse/parameters/enable_uring)";
+			      "(" STRATA_FUSE_URING_PARAM ")";
 	} else if (supervised) {
 		why = "a worker's death would fail or strand the requests its "
 		      "rings held (Linux 6.18 resends only what waits on "

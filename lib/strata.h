@@ -86,6 +86,14 @@ struct strata_usage {
 	uint64_t capacity;	/* the most bytes may reach; 0: no limit */
 };
 
+/*
+ * The kernel's switch for FUSE over io_uring (Linux 6.14+), one for the
+ * whole machine and read at each mount's INIT: stratafs reads it to say
+ * why a mount is not served over rings, strata-csi --fuse-uring may set
+ * it (csi/transport.c).
+ */
+#define STRATA_FUSE_URING_PARAM "/sys/module/fuse/parameters/enable_uring"
+
 /* stats.c */
 extern const char *const strata_stat_names[STRATA_ST_COUNT];
 

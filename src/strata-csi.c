@@ -51,6 +51,8 @@ static void csi_usage(FILE *f)
 		"  --daemon-binary-dir DIR\n"
 		"                       copy stratafs and its libraries into DIR and\n"
 		"                       start daemons from the copy\n"
+		"  --fuse-uring MODE    the host's fuse.enable_uring: off (default: never\n"
+		"                       written), on (set when unset) or leave (reported)\n"
 		"  --version            print the version and exit\n"
 		"  --help               print this help and exit\n",
 		CSI_DEFAULT_ROOT, CSI_DEFAULT_DRIVER);
@@ -212,6 +214,7 @@ static int csi_parse_args(int argc, char **argv, struct csi_config *c,
 		{ "daemon-mount-namespace", required_argument, NULL, 'N' },
 		{ "daemon-cgroup", required_argument, NULL, 'C' },
 		{ "daemon-binary-dir", required_argument, NULL, 'B' },
+		{ "fuse-uring", required_argument, NULL, 'U' },
 		{ "version", no_argument, NULL, 'V' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
@@ -263,6 +266,13 @@ static int csi_parse_args(int argc, char **argv, struct csi_config *c,
 			c->max_volumes = strtoll(optarg, &end, 10);
 			if (!*optarg || *end || c->max_volumes < 0) {
 				fprintf(stderr, "strata-csi: --max-volumes takes a count from 0, not '%s'\n",
+					optarg);
+				return 2;
+			}
+			break;
+		case 'U':
+			if (csi_transport_parse(optarg, &c->fuse_uring)) {
+				fprintf(stderr, "strata-csi: --fuse-uring is off, on or leave, not '%s'\n",
 					optarg);
 				return 2;
 			}
@@ -427,6 +437,7 @@ int main(int argc, char **argv)
 		ret = 1;
 		goto out_store;
 	}
+	csi_transport_init(&p.cfg);
 	/* before any thread: the checks fork, and enter namespaces there */
 	if (csi_host_init(&p)) {
 		ret = 1;

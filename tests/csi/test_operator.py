@@ -42,6 +42,7 @@ def run_csi(*args, timeout=20):
     (["-x"], "strata-csi: unknown option '-x'"),
     (["--log-format", "yaml"], "strata-csi: --log-format is text or json, not 'yaml'"),
     (["--max-volumes", "ten"], "strata-csi: --max-volumes takes a count from 0, not 'ten'"),
+    (["--fuse-uring", "yes"], "strata-csi: --fuse-uring is off, on or leave, not 'yes'"),
     ([], "strata-csi: --endpoint (or CSI_ENDPOINT) and --nodeid are required"),
 ])
 def test_usage_errors_say_one_thing(args, message):

@@ -21,9 +21,9 @@ from stratatest import is_mounted, stratafs_binary
 from test_worker import worker_of
 
 
-def mount_ctl(stratafs_only, sock, **kw):
-    return stratafs_only.make([{"f": "x"}], extra_opts=[f"control={sock}"],
-                              **kw)
+def mount_ctl(stratafs_only, sock, opts=(), **kw):
+    return stratafs_only.make([{"f": "x"}],
+                              extra_opts=[f"control={sock}", *opts], **kw)
 
 
 def raw_call(path, payload, timeout=10):
@@ -40,6 +40,18 @@ def supervised():
 
 def server_pid(u):
     return worker_of(u) if supervised() else u.pid
+
+
+def kill_worker(u, sock):
+    """SIGKILLs u's worker; the new one's pid, once it answers on sock."""
+    w = worker_of(u)
+    os.kill(w, signal.SIGKILL)
+    w2 = worker_of(u, old=w)
+    deadline = time.monotonic() + 30
+    while control_call(sock, "ping")[1] != f"pong pid={w2}":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    return w2
 
 
 def test_ping_and_errors(stratafs_only, tmp_path):
@@ -91,14 +103,8 @@ def test_other_users_refused(stratafs_only, tmp_path):
 def test_outlives_workers_and_upgrades(stratafs_only, tmp_path):
     sock = str(tmp_path / "c.sock")
     u = mount_ctl(stratafs_only, sock)
-    w = worker_of(u)
-    assert control_call(sock, "ping") == (0, f"pong pid={w}")
-    os.kill(w, signal.SIGKILL)
-    w2 = worker_of(u, old=w)
-    deadline = time.monotonic() + 30
-    while control_call(sock, "ping")[1] != f"pong pid={w2}":
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    assert control_call(sock, "ping") == (0, f"pong pid={worker_of(u)}")
+    w2 = kill_worker(u, sock)
     os.kill(u.pid, signal.SIGHUP)
     deadline = time.monotonic() + 30
     while True:
@@ -113,6 +119,38 @@ def test_outlives_workers_and_upgrades(stratafs_only, tmp_path):
     assert "upgrade: serving the mount on" in u.stderr()
     with open(u.path("f")) as f:
         assert f.read() == "x"
+
+
+@pytest.mark.parametrize("opts,want", [
+    (["passthrough"], "transport=dev passthrough=on"),
+    (["nopassthrough"], "transport=dev passthrough=off"),
+    # a capacity turns the default passthrough off
+    (["capacity=1073741824"], "transport=dev passthrough=off"),
+])
+def test_status_says_what_init_agreed(stratafs_only, tmp_path, opts, want):
+    """transport=dev keeps the answer the same whatever the machine's
+    fuse.enable_uring says (other tests set it): FUSE over io_uring has
+    tests of its own (test_uring.py)."""
+    sock = str(tmp_path / "c.sock")
+    u = mount_ctl(stratafs_only, sock, ["transport=dev", *opts])
+    assert control_call(sock, "status") == (0, want)
+    assert ("passthrough: the kernel reads and writes upper files itself"
+            in u.stderr()) == want.endswith("=on"), u.stderr()
+    status, text = control_call(sock, "status", "now")
+    assert status == -errno.EINVAL and "takes 0 to 0 arguments" in text
+
+
+@pytest.mark.skipif(not supervised(), reason="needs a supervised daemon")
+def test_status_of_a_supervised_mount(stratafs_only, tmp_path):
+    """A supervised mount serves through /dev/fuse whatever the options
+    and the machine's switch say (fuse/uring.c tells why); a worker that
+    came after INIT answers for it all the same."""
+    sock = str(tmp_path / "c.sock")
+    u = mount_ctl(stratafs_only, sock, ["transport=uring", "passthrough"])
+    want = (0, "transport=dev passthrough=on")
+    assert control_call(sock, "status") == want
+    kill_worker(u, sock)
+    assert control_call(sock, "status") == want
 
 
 def test_path_beyond_sun_path(stratafs_only, tmp_path):

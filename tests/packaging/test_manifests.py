@@ -402,6 +402,16 @@ def check_plugin_args(docs, spec):
             if not (value or "").startswith("/") or host_path_of(value) != value:
                 problems.append(f"--daemon-binary-dir {value!r}: not at the "
                                 "same path on the host")
+        elif name == "--fuse-uring":
+            # on writes the host's /sys, read-only in a container that is
+            # not privileged: the plugin would start and set nothing
+            if value not in ("off", "on", "leave"):
+                problems.append(f"--fuse-uring {value!r}: off, on or leave")
+            elif value == "on" and \
+                    c.get("securityContext", {}).get("privileged") is not True:
+                problems.append("--fuse-uring=on in an unprivileged container: "
+                                "its /sys is read-only, so fuse.enable_uring "
+                                "cannot be set from it (set it on the host)")
         elif name in spec:
             problems.append(f"{name}: the binary takes it, but this test has "
                             "no rule for its value yet: add one")
@@ -1120,6 +1130,7 @@ GOOD_ARGS = ["--endpoint=$(CSI_ENDPOINT)", "--nodeid=$(NODE_NAME)",
      "DIR a mount of the host's /sys/fs/cgroup"),
     (GOOD_ARGS + ["--daemon-binary-dir=/usr/lib/strata"],
      "not at the same path on the host"),
+    (GOOD_ARGS + ["--fuse-uring=yes"], "--fuse-uring 'yes': off, on or leave"),
 ])
 def test_flag_checker_reports(base, plugin_help, args, expect):
     assert check_plugin_args(base, parse_help(plugin_help[1]))[0] == []
@@ -1132,6 +1143,7 @@ def test_flag_checker_reports(base, plugin_help, args, expect):
     GOOD_ARGS + ["--bogus=1"],
     GOOD_ARGS + ["--mode=node,storage"],
     GOOD_ARGS + ["--log-format=yaml"],
+    GOOD_ARGS + ["--fuse-uring=yes"],
 ])
 def test_binary_dry_run_can_fail(base, plugin_help, args):
     binary, text = plugin_help
@@ -1154,6 +1166,32 @@ def test_flag_checker_reports_the_pod(base, plugin_help, fn, expect):
     problems, _ = check_plugin_args(mutate(base, "DaemonSet", fn),
                                     parse_help(plugin_help[1]))
     assert any(expect in p for p in problems), problems
+
+
+def with_fuse_uring(mode, privileged):
+    def fn(d):
+        c = plugin_of(d)
+        c["args"] = [a for a in c["args"] if not a.startswith("--fuse-uring")]
+        c["args"].append(f"--fuse-uring={mode}")
+        c["securityContext"]["privileged"] = privileged
+    return fn
+
+
+@pytest.mark.parametrize("mode, privileged, refused", [
+    ("on", True, False),
+    ("on", False, True),
+    ("off", False, False),
+    ("leave", False, False),
+])
+def test_fuse_uring_on_needs_a_writable_sys(base, plugin_help, mode,
+                                            privileged, refused):
+    """--fuse-uring=on writes the host's fuse.enable_uring through /sys,
+    which only a privileged container has writable."""
+    problems, _ = check_plugin_args(
+        mutate(base, "DaemonSet", with_fuse_uring(mode, privileged)),
+        parse_help(plugin_help[1]))
+    assert any("--fuse-uring=on in an unprivileged container" in p
+               for p in problems) == refused, problems
 
 
 def test_help_parser_reads_options():
