@@ -99,12 +99,12 @@ def test_cold_listing(u):
 
 def test_cold_ls_l_per_entry(u):
     """READDIRPLUS carries each entry's attributes: ls's statx asks
-    nothing. ls asks security.selinux and system.posix_acl_access of every
-    entry, and the kernel passes both on: two GETXATTRs (with
-    FUSE_POSIX_ACL the second is cached afterwards, but this listing is
-    cold). Listing requests grow with the buffers the entries fill: at
-    most one per page of entries (a name this short takes 160 bytes with
-    its attributes), where the kernel of this machine reads 32 KiB at a
-    time."""
+    nothing. ls (coreutils 9.1) asks security.selinux and
+    system.posix_acl_access of every entry, and the kernel passes both
+    on: two GETXATTRs (with FUSE_POSIX_ACL the second is cached
+    afterwards, but this listing is cold). Listing requests grow with
+    the buffers the entries fill: at most one per page of entries (a
+    name this short takes 160 bytes with its attributes), where the
+    kernel of this machine reads 32 KiB at a time."""
     c = pinned(u, ColdLsL(), {"GETXATTR": 2})
     assert c["READDIRPLUS"] + c["READDIR"] <= N // (4096 // 160) + 1, c
