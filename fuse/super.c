@@ -17,6 +17,7 @@
 #include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/xattr.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "stratafs.h"
@@ -283,17 +284,46 @@ static unsigned sfs_fsid(struct sfs_fs *fs, dev_t dev, dev_t *devs,
 	return (*ndevs)++;
 }
 
+/*
+ * How long a mount waits for the workdir's lock. The daemon of a mount
+ * just unmounted holds it until it has exited (its workers joined, its
+ * usage file written), and unmounting then mounting again at once is
+ * what scripts do: kernel overlayfs lets go of a workdir at umount.
+ */
+#define SFS_WORK_LOCK_WAIT_MS 5000
+#define SFS_WORK_LOCK_NAP_MS 10
+
+static int sfs_lock_work(struct sfs_fs *fs)
+{
+	const struct timespec nap = { 0, SFS_WORK_LOCK_NAP_MS * 1000000L };
+
+	for (int waited = 0; waited < SFS_WORK_LOCK_WAIT_MS;
+	     waited += SFS_WORK_LOCK_NAP_MS) {
+		if (flock(fs->workfd, LOCK_EX | LOCK_NB) == 0)
+			return 0;
+		if (errno != EWOULDBLOCK) {
+			int ret = -errno;
+
+			fprintf(stderr, "stratafs: locking workdir '%s': %s\n",
+				fs->params.workdir, strerror(errno));
+			return ret;
+		}
+		nanosleep(&nap, NULL);
+	}
+	fprintf(stderr, "stratafs: workdir '%s' is in use by another mount "
+		"(waited %d s for it)\n", fs->params.workdir,
+		SFS_WORK_LOCK_WAIT_MS / 1000);
+	return -EBUSY;
+}
+
 /* Clears what a crash left in workdir/work and opens the scratch dirs. */
 static int sfs_setup_work(struct sfs_fs *fs)
 {
 	int ret;
 
-	if (flock(fs->workfd, LOCK_EX | LOCK_NB) < 0) {
-		fprintf(stderr,
-			"stratafs: workdir '%s' is in use by another mount\n",
-			fs->params.workdir);
-		return -EBUSY;
-	}
+	ret = sfs_lock_work(fs);
+	if (ret < 0)
+		return ret;
 	ret = strata_rmtree_at(fs->workfd, SFS_WORK_TMP);
 	if (ret < 0 && ret != -ENOENT)
 		goto out_err;

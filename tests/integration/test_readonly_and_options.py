@@ -2,10 +2,12 @@
 """Read-only unions, userxattr, command line, refusals, mount helpers."""
 
 import errno
+import fcntl
 import os
 import signal
 import stat
 import subprocess
+import threading
 import time
 
 import pytest
@@ -207,6 +209,32 @@ def test_refusal_of_workdir_in_use(stratafs_only):
     with open(u.path("new"), "w") as f:
         f.write("still works")
     assert read_bytes(u.upath("new")) == b"still works"
+
+
+def test_a_workdir_let_go_of_soon_is_waited_for(stratafs_only):
+    """The daemon of a mount just unmounted holds the workdir's lock until
+    it has exited: a mount again at once waits for it rather than fail."""
+    u = stratafs_only.make(lowers=[{"f": "x"}], mount=False)
+    fd = os.open(u.work, os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    t = threading.Timer(0.5, os.close, (fd,))
+    t.start()
+    try:
+        u.mount()
+    finally:
+        t.join()
+    assert read_bytes(u.path("f")) == b"x"
+    # unmounted and mounted again at once, over and over: the daemon
+    # before may still be exiting when the next one starts
+    before = []
+    for _ in range(5):
+        subprocess.run(["fusermount3", "-u", u.mnt], check=True)
+        before.append(u.proc)
+        u.mounted = False
+        u.mount()
+        assert read_bytes(u.path("f")) == b"x"
+    for p in before:
+        assert p.wait(30) == 0
 
 
 # ---------------------------------------------------------------- other calling forms
