@@ -182,25 +182,38 @@ static int csi_flatten_subst(char ***chain, int *n,
 	return 1;
 }
 
+/* 0 when volume ID has no node record (not staged), else -EBUSY or -errno. */
+static int csi_flatten_unstaged(struct csi_store *s, const char *id)
+{
+	struct csi_node_vol n;
+	int ret = csi_state_load(s, id, &n);
+
+	if (ret == 0) {
+		csi_state_free(&n);
+		return -EBUSY;
+	}
+	return ret == -ENOENT ? 0 : ret;
+}
+
 /*
  * Claims volume ID for a switch: 0 with its busy claim held when no
  * daemon serves it (no node record, no lock on its workdir), -EBUSY
- * when one may.
+ * when one may. A staged volume is passed over before the claim too:
+ * while the claim is held the volume's RPCs are turned away (ABORTED),
+ * and a staged volume is the one a pod is using.
  */
 static int csi_flatten_claim(struct csi_store *s, const char *id)
 {
-	struct csi_node_vol n;
-	int ret = csi_busy_enter(s, id);
+	int ret = csi_flatten_unstaged(s, id);
 
 	if (ret)
 		return ret;
-	ret = csi_state_load(s, id, &n);
-	if (ret == 0) {
-		csi_state_free(&n);
-		ret = -EBUSY;
-	} else if (ret == -ENOENT) {
+	ret = csi_busy_enter(s, id);
+	if (ret)
+		return ret;
+	ret = csi_flatten_unstaged(s, id);
+	if (ret == 0)
 		ret = csi_volume_served(s, id);
-	}
 	if (ret)
 		csi_busy_leave(s, id);
 	return ret;
