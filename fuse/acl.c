@@ -46,6 +46,8 @@
 #define SFS_ACL_TRIES 4
 /* The first read's buffer: an ACL of 62 entries fits. */
 #define SFS_ACL_GUESS 500
+/* XATTR_SIZE_MAX: no ACL is bigger */
+#define SFS_ACL_MAX (64 * 1024)
 
 bool sfs_acl_is_name(const char *name)
 {
@@ -239,6 +241,17 @@ int sfs_acl_kill_sgid(fuse_req_t req, struct sfs_node *n, const char *name)
 	return ret;
 }
 
+static const char *const sfs_acl_names[] = { SFS_ACL_DEFAULT, SFS_ACL_ACCESS };
+#define SFS_ACL_NAMES (sizeof(sfs_acl_names) / sizeof(sfs_acl_names[0]))
+
+static int sfs_acl_remove(int fd, const char *name)
+{
+	if (fremovexattr(fd, name) < 0 && errno != ENODATA &&
+	    errno != EOPNOTSUPP)
+		return -errno;
+	return 0;
+}
+
 /*
  * The workdir's directories lose their own ACLs (DIRFD is one of them):
  * an entry built there would inherit the default one, and a copy-up of a
@@ -246,11 +259,34 @@ int sfs_acl_kill_sgid(fuse_req_t req, struct sfs_node *n, const char *name)
  */
 int sfs_acl_clear(int dirfd)
 {
-	static const char *const names[] = { SFS_ACL_DEFAULT, SFS_ACL_ACCESS };
+	int ret = 0;
 
-	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
-		if (fremovexattr(dirfd, names[i]) < 0 && errno != ENODATA &&
-		    errno != EOPNOTSUPP)
-			return -errno;
-	return 0;
+	for (size_t i = 0; i < SFS_ACL_NAMES && ret == 0; i++)
+		ret = sfs_acl_remove(dirfd, sfs_acl_names[i]);
+	return ret;
+}
+
+/*
+ * Directory TO gets the ACLs of directory FROM and no others (it may
+ * have inherited some where it was made): the freeze's new upper root
+ * stands for the old one (freeze.c).
+ */
+int sfs_acl_copy(int from, int to)
+{
+	char *buf = malloc(SFS_ACL_MAX);
+	int ret = buf ? 0 : -ENOMEM;
+
+	for (size_t i = 0; i < SFS_ACL_NAMES && ret == 0; i++) {
+		ssize_t n = fgetxattr(from, sfs_acl_names[i], buf, SFS_ACL_MAX);
+
+		if (n >= 0)
+			ret = fsetxattr(to, sfs_acl_names[i], buf, n, 0) < 0 ?
+				      -errno : 0;
+		else if (errno == ENODATA || errno == EOPNOTSUPP)
+			ret = sfs_acl_remove(to, sfs_acl_names[i]);
+		else
+			ret = -errno;
+	}
+	free(buf);
+	return ret;
 }

@@ -631,6 +631,7 @@ int sfs_acl_set_new(const struct sfs_xpath *x, mode_t type,
 void sfs_acl_free(struct sfs_acl *a);
 int sfs_acl_kill_sgid(fuse_req_t req, struct sfs_node *n, const char *name);
 int sfs_acl_clear(int dirfd);
+int sfs_acl_copy(int from, int to);
 
 /* whiteout.c */
 bool sfs_is_whiteout(const struct stat *st);
