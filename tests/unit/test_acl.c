@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-/* acl.c: the xattr format, the mask a new entry gets, inheritance. */
+/* acl.c: the xattr format, the mask a new entry gets, inheritance, copy. */
 #include <endian.h>
 #include <errno.h>
 #include <linux/posix_acl.h>
@@ -193,11 +193,50 @@ static void test_inherit(void)
 	fixture_done(&fx);
 }
 
+/* A directory's ACLs given to another, and nothing the other had. */
+static void test_copy(void)
+{
+	const unsigned named[][3] = { { ACL_USER_OBJ, 7, -1u },
+				      { ACL_USER, 5, 1000 },
+				      { ACL_GROUP_OBJ, 5, -1u },
+				      { ACL_MASK, 5, -1u },
+				      { ACL_OTHER, 0, -1u } };
+	struct acl_buf b, got;
+	struct fixture fx;
+	int from, to;
+	size_t len;
+
+	CHECK_EQ_INT(fixture_init(&fx, 1, false), 0);
+	len = acl_make(&b, 5, named);
+	fx_dir(&fx, "from");
+	fx_dir(&fx, "to");
+	from = openat(fx.fd, "from", O_RDONLY | O_DIRECTORY);
+	to = openat(fx.fd, "to", O_RDONLY | O_DIRECTORY);
+	CHECK_EQ_INT(fsetxattr(from, SFS_ACL_ACCESS, &b, len, 0), 0);
+	CHECK_EQ_INT(fsetxattr(to, SFS_ACL_DEFAULT, &b, len, 0), 0);
+	CHECK_EQ_INT(sfs_acl_copy(from, to), 0);
+	CHECK_EQ_INT(fgetxattr(to, SFS_ACL_ACCESS, &got, sizeof(got)),
+		     (long long)len);
+	CHECK(!memcmp(&got, &b, len));
+	CHECK_EQ_INT(fgetxattr(to, SFS_ACL_DEFAULT, NULL, 0), -1);
+	/* and back: none is none */
+	CHECK_EQ_INT(fremovexattr(from, SFS_ACL_ACCESS), 0);
+	CHECK_EQ_INT(sfs_acl_copy(from, to), 0);
+	CHECK_EQ_INT(fgetxattr(to, SFS_ACL_ACCESS, NULL, 0), -1);
+	CHECK_EQ_INT(errno, ENODATA);
+	close(from);
+	close(to);
+	strata_rmtree_at(AT_FDCWD, fx.root);
+	close(fx.fd);
+	sfs_params_free(&fx.fs.params);
+}
+
 int main(void)
 {
 	UNIT_REQUIRE_ROOT();
 	test_format();
 	test_masq();
 	test_inherit();
+	test_copy();
 	return unit_done("acl");
 }
