@@ -390,7 +390,8 @@ def test_getfacl_tree(make_union):
 
 def test_workdir_default_acl_not_inherited(make_union):
     """A default ACL on the workdir reaches nothing: not a copy-up of a
-    file that has no ACL, not an entry built there over a whiteout."""
+    file that has no ACL, not an entry built there over a whiteout. Nor
+    does a copy-up take its new parent's default ACL: it is a copy."""
     def prepare(u):
         setfacl("-d", "-m", f"u:{USER}:rwx", u.work)
 
@@ -400,11 +401,15 @@ def test_workdir_default_acl_not_inherited(make_union):
         with open(u.path("w"), "w"):          # ...replaced
             pass
         os.mkdir(u.path("n"))
+        setfacl("-d", "-m", f"u:{USER2}:rwx", u.path("d"))
+        os.chmod(u.path("d", "g"), 0o640)     # copy-up into d
         return {p: (mode_of(u.path(p)), getfacl(u.path(p)))
-                for p in ("f", "w", "n")}
+                for p in ("f", "w", "n", "d/g")}
 
-    got = both(make_union, run_case, [{"f": "f", "w": "w"}], prepare=prepare)
-    assert all(f"user:{USER}" not in a for _, a in got.values())
+    got = both(make_union, run_case, [{"f": "f", "w": "w", "d/g": "g"}],
+               prepare=prepare)
+    assert all(f"user:{USER}" not in a and f"user:{USER2}" not in a
+               for _, a in got.values())
 
 
 # ------------------------------------------------------------ no ACLs
