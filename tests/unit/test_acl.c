@@ -101,6 +101,13 @@ static void test_masq(void)
 	CHECK_EQ_INT(sfs_acl_masq(&b, len - 3, &mode), -EIO);
 }
 
+/* A default ACL with a named user and a mask. */
+static const unsigned default_acl[][3] = { { ACL_USER_OBJ, 7, -1u },
+					   { ACL_USER, 6, 1000 },
+					   { ACL_GROUP_OBJ, 5, -1u },
+					   { ACL_MASK, 7, -1u },
+					   { ACL_OTHER, 0, -1u } };
+
 static void set_default(struct fixture *fx, const char *path,
 			const struct acl_buf *b, size_t len)
 {
@@ -112,11 +119,6 @@ static void set_default(struct fixture *fx, const char *path,
 
 static void test_inherit(void)
 {
-	const unsigned named[][3] = { { ACL_USER_OBJ, 7, -1u },
-				      { ACL_USER, 6, 1000 },
-				      { ACL_GROUP_OBJ, 5, -1u },
-				      { ACL_MASK, 7, -1u },
-				      { ACL_OTHER, 0, -1u } };
 	unsigned bigents[104][3];
 	struct acl_buf b, big, got;
 	struct sfs_node *n;
@@ -127,7 +129,7 @@ static void test_inherit(void)
 	int i;
 
 	CHECK_EQ_INT(fixture_init(&fx, 1, true), 0);
-	len = acl_make(&b, 5, named);
+	len = acl_make(&b, 5, default_acl);
 	/* the workdir's default ACL must reach nothing built there */
 	set_default(&fx, "w", &b, len);
 	CHECK_EQ_INT(sfs_setup(&fx.fs), 0);
@@ -196,18 +198,13 @@ static void test_inherit(void)
 /* A directory's ACLs given to another, and nothing the other had. */
 static void test_copy(void)
 {
-	const unsigned named[][3] = { { ACL_USER_OBJ, 7, -1u },
-				      { ACL_USER, 5, 1000 },
-				      { ACL_GROUP_OBJ, 5, -1u },
-				      { ACL_MASK, 5, -1u },
-				      { ACL_OTHER, 0, -1u } };
 	struct acl_buf b, got;
 	struct fixture fx;
 	int from, to;
 	size_t len;
 
 	CHECK_EQ_INT(fixture_init(&fx, 1, false), 0);
-	len = acl_make(&b, 5, named);
+	len = acl_make(&b, 5, default_acl);
 	fx_dir(&fx, "from");
 	fx_dir(&fx, "to");
 	from = openat(fx.fd, "from", O_RDONLY | O_DIRECTORY);
