@@ -140,14 +140,10 @@ static int sfs_copy_up_xattrs(struct sfs_node *n, const char *tmp,
 	struct sfs_xpath from, to;
 	int ret;
 
-	if (S_ISLNK(st->st_mode)) {
+	if (S_ISLNK(st->st_mode))
 		ret = sfs_xpath_lower_name(&from, n->parent, n);
-	} else {
-		from.follow = true;
-		from.tmp[0] = '\0';
-		from.parent = NULL;
-		ret = sfs_proc_path(n->lower[0].fd, from.path, sizeof(from.path));
-	}
+	else
+		ret = sfs_xpath_fd(&from, n->lower[0].fd);
 	if (ret == 0)
 		ret = sfs_xpath_entry(&to, sfs->tmpfd, tmp);
 	return ret < 0 ? ret : sfs_xattr_copy(&from, &to);

@@ -20,15 +20,18 @@
 
 struct sfs_newent {
 	mode_t mode;		/* type and permission bits */
+	mode_t umask;		/* the caller's, for a parent without ACLs */
 	dev_t rdev;
 	const char *link;	/* symlink target */
 	uid_t uid;
 	gid_t gid;
+	struct sfs_acl acl;	/* inherited from the parent (acl.c) */
 };
 
-/* Creates one entry with its owner; on failure nothing is left. */
+/* Creates one entry with its owner and ACLs; on failure nothing is left. */
 static int sfs_make_at(int dirfd, const char *name, const struct sfs_newent *ne)
 {
+	struct sfs_xpath x;
 	int fd, ret;
 
 	switch (ne->mode & S_IFMT) {
@@ -59,6 +62,15 @@ static int sfs_make_at(int dirfd, const char *name, const struct sfs_newent *ne)
 	else if (!S_ISLNK(ne->mode) && (ne->mode & (S_ISUID | S_ISGID)) &&
 		 fchmodat(dirfd, name, ne->mode & 07777, 0) < 0)
 		ret = -errno;
+	/*
+	 * Set whether the upper filesystem gave it already or not (built
+	 * in the workdir); by root, which keeps setgid.
+	 */
+	if (ret == 0 && ne->acl.def) {
+		ret = sfs_xpath_entry(&x, dirfd, name);
+		if (ret == 0)
+			ret = sfs_acl_set_new(&x, ne->mode, &ne->acl);
+	}
 	if (ret < 0)
 		sfs_unlinkat(dirfd, name, S_ISDIR(ne->mode) ? AT_REMOVEDIR : 0);
 	return ret;
@@ -106,7 +118,7 @@ static int sfs_resent_made(struct sfs_node *dir, const char *name,
 }
 
 static int sfs_create(struct sfs_node *dir, const char *name,
-		      const struct sfs_newent *ne, struct sfs_node **out)
+		      struct sfs_newent *ne, struct sfs_node **out)
 {
 	struct stat st;
 	char tmp[64];
@@ -119,6 +131,8 @@ static int sfs_create(struct sfs_node *dir, const char *name,
 		return sfs_resent_made(dir, name, ne->mode & S_IFMT, out);
 	if (ret == 0)
 		ret = sfs_copy_up(dir);
+	if (ret == 0)
+		ret = sfs_acl_inherit(dir, &ne->mode, ne->umask, &ne->acl);
 	if (ret < 0)
 		return ret;
 	dirfd = sfs_upper(dir);
@@ -183,8 +197,11 @@ static int sfs_create_entry(fuse_req_t req, fuse_ino_t parent,
 		return ret;
 	ne.uid = fuse_req_ctx(req)->uid;
 	ne.gid = fuse_req_ctx(req)->gid;
+	/* FUSE_DONT_MASK: the kernel leaves the umask to us (acl.c) */
+	ne.umask = fuse_req_ctx(req)->umask;
 	sfs_new_owner(dir, &ne.mode, &ne.uid, &ne.gid);
 	ret = sfs_create(dir, name, &ne, out);
+	sfs_acl_free(&ne.acl);
 	sfs_node_release(dir);
 	return ret;
 }

@@ -177,20 +177,6 @@ void sfs_files_takeover(struct sfs_fdset *keep)
 	sfs_shm_walk(SFS_SHM_FILE, sfs_file_takeover, keep);
 }
 
-static bool sfs_req_in_group(fuse_req_t req, gid_t gid)
-{
-	gid_t groups[64];
-	int n;
-
-	if (fuse_req_ctx(req)->gid == gid)
-		return true;
-	n = fuse_req_getgroups(req, 64, groups);
-	for (int i = 0; i < n && i < 64; i++)
-		if (groups[i] == gid)
-			return true;
-	return false;
-}
-
 /* Whether the file at fd has a file capability: 1, 0, or a negative errno. */
 static int sfs_file_has_caps(int fd)
 {

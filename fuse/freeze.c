@@ -547,8 +547,8 @@ static int sfs_freeze_prepare(struct sfs_freeze *z)
 }
 
 /*
- * The new upper, as the old one was made: mode and owner. Opened through
- * the workdir's mount, where copy-ups rename from (super.c).
+ * The new upper, as the old one was made: mode, owner and ACLs. Opened
+ * through the workdir's mount, where copy-ups rename from (super.c).
  */
 static int sfs_freeze_make_upper(struct sfs_freeze *z)
 {
@@ -575,6 +575,9 @@ static int sfs_freeze_make_upper(struct sfs_freeze *z)
 	if (ret == 0 && (z->upst.st_dev != st.st_dev ||
 			 z->upst.st_ino != st.st_ino))
 		ret = -ESTALE;	/* the workdir's way there leads elsewhere */
+	/* the old upper, renamed: still the root's attributes until now */
+	if (ret == 0)
+		ret = sfs_acl_copy(sfs->upper.fd, z->newfd);
 	if (ret == 0) {
 		z->rootfd = dup(z->newfd);
 		if (z->rootfd < 0)

@@ -1071,7 +1071,6 @@ static int sfs_truncate(struct sfs_node *n, int fd, off_t size)
 /* Drops the setuid/setgid bits this caller's write would (file.c). */
 static int sfs_setattr_killpriv(fuse_req_t req, int upper)
 {
-	char path[64];
 	struct stat st;
 	mode_t kill;
 	int ret;
@@ -1080,10 +1079,7 @@ static int sfs_setattr_killpriv(fuse_req_t req, int upper)
 	if (ret < 0)
 		return ret;
 	kill = sfs_killpriv_bits(req, &st);
-	if (!kill)
-		return 0;
-	sfs_proc_path(upper, path, sizeof(path));
-	return chmod(path, st.st_mode & 07777 & ~kill) < 0 ? -errno : 0;
+	return kill ? sfs_fd_chmod(upper, st.st_mode & 07777 & ~kill) : 0;
 }
 
 static void sfs_setattr(fuse_req_t req, struct sfs_node *n, struct stat *attr,
@@ -1091,7 +1087,6 @@ static void sfs_setattr(fuse_req_t req, struct sfs_node *n, struct stat *attr,
 {
 	struct sfs_file *f = sfs_file_of(fi);
 	int fd = (f && f->upper) ? f->fd : -1;
-	char path[64];
 	struct stat st;
 	int upper, ret;
 
@@ -1144,12 +1139,10 @@ static void sfs_setattr(fuse_req_t req, struct sfs_node *n, struct stat *attr,
 			ret = -EOPNOTSUPP;
 			goto out_err;
 		}
-		sfs_proc_path(upper, path, sizeof(path));
-		if ((fd >= 0 ? fchmod(fd, attr->st_mode) :
-			       chmod(path, attr->st_mode)) < 0) {
-			ret = -errno;
+		ret = fd >= 0 ? (fchmod(fd, attr->st_mode) < 0 ? -errno : 0) :
+				sfs_fd_chmod(upper, attr->st_mode);
+		if (ret < 0)
 			goto out_err;
-		}
 	}
 	if (valid & FUSE_SET_ATTR_SIZE) {
 		ret = sfs_truncate(n, fd, attr->st_size);

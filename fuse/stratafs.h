@@ -593,6 +593,7 @@ struct sfs_xpath {
 
 bool sfs_xattr_is_private(const char *name);
 int sfs_xpath_entry(struct sfs_xpath *x, int dirfd, const char *name);
+int sfs_xpath_fd(struct sfs_xpath *x, int fd);
 int sfs_xpath_lower_name(struct sfs_xpath *x, struct sfs_node *parent,
 			 struct sfs_node *n);
 int sfs_xpath_node(struct sfs_xpath *x, struct sfs_node *n);
@@ -614,6 +615,29 @@ void sfs_op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
 		     size_t size);
 void sfs_op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size);
 void sfs_op_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name);
+
+/* acl.c */
+#define SFS_ACL_ACCESS "system.posix_acl_access"
+#define SFS_ACL_DEFAULT "system.posix_acl_default"
+
+/* The ACLs a new entry gets from its parent's default ACL (acl.c). */
+struct sfs_acl {
+	void *def;	/* the parent's default ACL, or NULL: none */
+	size_t len;	/* of each */
+	void *access;	/* its access ACL, in def's allocation; NULL: none */
+};
+
+bool sfs_acl_is_name(const char *name);
+int sfs_acl_count(const void *buf, size_t len);
+int sfs_acl_masq(void *buf, size_t len, mode_t *mode);
+int sfs_acl_inherit(struct sfs_node *dir, mode_t *mode, mode_t umask,
+		    struct sfs_acl *a);
+int sfs_acl_set_new(const struct sfs_xpath *x, mode_t type,
+		    const struct sfs_acl *a);
+void sfs_acl_free(struct sfs_acl *a);
+int sfs_acl_kill_sgid(fuse_req_t req, struct sfs_node *n, const char *name);
+int sfs_acl_clear(int dirfd);
+int sfs_acl_copy(int from, int to);
 
 /* whiteout.c */
 bool sfs_is_whiteout(const struct stat *st);
@@ -888,5 +912,8 @@ int sfs_unlinkat(int dirfd, const char *name, int flags);
 int sfs_errno(int ret);
 void sfs_reply_err(fuse_req_t req, int ret);
 void sfs_new_owner(struct sfs_node *dir, mode_t *mode, uid_t *uid, gid_t *gid);
+int sfs_fd_chmod(int fd, mode_t mode);
+bool sfs_req_in_group(fuse_req_t req, gid_t gid);
+bool sfs_req_capable(fuse_req_t req, int cap);
 
 #endif

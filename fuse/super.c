@@ -341,6 +341,12 @@ static int sfs_setup_work(struct sfs_fs *fs)
 		ret = -errno;
 		goto out_err;
 	}
+	/* entries are built in work/ and renamed into index/ (acl.c) */
+	ret = sfs_acl_clear(fs->tmpfd);
+	if (ret == 0)
+		ret = sfs_acl_clear(fs->indexfd);
+	if (ret < 0)
+		goto out_err;
 	/* The markers live in xattrs: refuse an upper that cannot hold them. */
 	if (fsetxattr(fs->tmpfd, fs->xattr_opaque, "y", 1, 0) < 0) {
 		ret = -errno;
@@ -689,6 +695,15 @@ static void sfs_op_init(void *userdata, struct fuse_conn_info *conn)
 		sfs->dir_cache = (conn->capable & FUSE_CAP_NO_OPENDIR_SUPPORT) ?
 					 SFS_DIR_CACHE_NO_OPENDIR :
 					 SFS_DIR_CACHE_ON;
+	/*
+	 * The kernel enforces ACLs only when told the daemon keeps them; it
+	 * then reads them with GETXATTR. Only with DONT_MASK as well: the
+	 * umask must not be applied before we know whether the parent has
+	 * a default ACL, which replaces it (acl.c).
+	 */
+	if ((conn->capable & FUSE_CAP_POSIX_ACL) &&
+	    (conn->capable & FUSE_CAP_DONT_MASK))
+		conn->want |= FUSE_CAP_POSIX_ACL | FUSE_CAP_DONT_MASK;
 	/* lsattr and chattr on directories too (sfs_op_ioctl) */
 	if (conn->capable & FUSE_CAP_IOCTL_DIR)
 		conn->want |= FUSE_CAP_IOCTL_DIR;

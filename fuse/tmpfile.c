@@ -50,7 +50,9 @@ static int sfs_tmpfile_node(const struct fuse_in_header *in,
 	mode_t mode = S_IFREG | (arg->mode & 07777);
 	uid_t uid = in->uid;
 	gid_t gid = in->gid;
+	struct sfs_acl acl = { 0 };
 	struct sfs_node *dir;
+	struct sfs_xpath x;
 	struct sfs_found f;
 	int fd, ret;
 
@@ -60,6 +62,9 @@ static int sfs_tmpfile_node(const struct fuse_in_header *in,
 	ret = sfs_has_upper() ? sfs_copy_up(dir) : -EROFS;
 	if (ret == 0 && sfs_usage_room(1) < 0)
 		ret = -ENOSPC;
+	/* FUSE_DONT_MASK: the umask, or the parent's default ACL (acl.c) */
+	if (ret == 0)
+		ret = sfs_acl_inherit(dir, &mode, arg->umask, &acl);
 	if (ret < 0)
 		goto out;
 	sfs_new_owner(dir, &mode, &uid, &gid);
@@ -77,7 +82,12 @@ static int sfs_tmpfile_node(const struct fuse_in_header *in,
 	    /* chown cleared setuid/setgid; the caller asked for them */
 	    ((mode & (S_ISUID | S_ISGID)) && fchmod(fd, mode & 07777) < 0))
 		ret = -errno;
-	else
+	if (ret == 0 && acl.def) {
+		ret = sfs_xpath_fd(&x, fd);
+		if (ret == 0)
+			ret = sfs_acl_set_new(&x, mode, &acl);
+	}
+	if (ret == 0)
 		ret = f.upper = sfs_reopen(fd, O_PATH);
 	close(fd);
 	if (ret >= 0)
@@ -98,6 +108,7 @@ static int sfs_tmpfile_node(const struct fuse_in_header *in,
 		sfs_unlock(&(*out)->lock);
 	}
 out:
+	sfs_acl_free(&acl);
 	sfs_node_release(dir);
 	return ret;
 }

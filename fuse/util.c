@@ -7,6 +7,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +32,15 @@ int sfs_reopen(int fd, int flags)
 	ret = open(path, (flags & ~(O_CREAT | O_EXCL | O_NOCTTY)) |
 				 O_CLOEXEC);
 	return ret < 0 ? -errno : ret;
+}
+
+/* chmod(2) of the inode FD holds, whatever FD is: fchmod refuses O_PATH. */
+int sfs_fd_chmod(int fd, mode_t mode)
+{
+	char path[64];
+
+	sfs_proc_path(fd, path, sizeof(path));
+	return chmod(path, mode) < 0 ? -errno : 0;
 }
 
 int sfs_fstat(int fd, struct stat *st)
@@ -126,4 +136,44 @@ struct sfs_hlink *sfs_handle_first(struct sfs_hlink *head)
 	h = head->next == head ? NULL : head->next;
 	pthread_mutex_unlock(&sfs->handles_lock);
 	return h;
+}
+
+/* Whether the caller's fsgid or one of its groups is GID. */
+bool sfs_req_in_group(fuse_req_t req, gid_t gid)
+{
+	gid_t groups[64];
+	int n;
+
+	if (fuse_req_ctx(req)->gid == gid)
+		return true;
+	n = fuse_req_getgroups(req, 64, groups);
+	for (int i = 0; i < n && i < 64; i++)
+		if (groups[i] == gid)
+			return true;
+	return false;
+}
+
+/*
+ * Whether the calling thread has capability CAP in effect, from its
+ * /proc status; a caller gone already counts as root if it was root.
+ */
+bool sfs_req_capable(fuse_req_t req, int cap)
+{
+	const struct fuse_ctx *ctx = fuse_req_ctx(req);
+	bool ret = ctx->uid == 0;
+	char path[64], line[256];
+	uint64_t caps;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)ctx->pid);
+	f = fopen(path, "re");
+	if (!f)
+		return ret;
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "CapEff: %" SCNx64, &caps) == 1) {
+			ret = (caps >> cap) & 1;
+			break;
+		}
+	fclose(f);
+	return ret;
 }

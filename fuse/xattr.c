@@ -111,19 +111,25 @@ static int sfs_xpath_lower_symlink(struct sfs_xpath *x, struct sfs_node *n)
 	return 0;
 }
 
+/* The inode FD holds, anything but a symlink. */
+int sfs_xpath_fd(struct sfs_xpath *x, int fd)
+{
+	x->follow = true;
+	x->tmp[0] = '\0';
+	x->parent = NULL;
+	return sfs_proc_path(fd, x->path, sizeof(x->path));
+}
+
 /* Where the node's xattrs are: its upper entry if it has one. Pinned. */
 int sfs_xpath_node(struct sfs_xpath *x, struct sfs_node *n)
 {
 	int upper = sfs_upper(n), ret;
 	char tmp[sizeof(x->tmp)];
 
+	if (!S_ISLNK(n->type))
+		return sfs_xpath_fd(x, sfs_node_datafd(n));
 	x->parent = NULL;
 	x->tmp[0] = '\0';
-	if (!S_ISLNK(n->type)) {
-		x->follow = true;
-		return sfs_proc_path(sfs_node_datafd(n), x->path,
-				     sizeof(x->path));
-	}
 	if (upper < 0)
 		return sfs_xpath_lower_symlink(x, n);
 	ret = sfs_tmp_name(tmp, sizeof(tmp));
@@ -392,7 +398,9 @@ void sfs_op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
 	ret = sfs_node_get_pinned(ino, &n);
 	if (ret < 0)
 		goto out;
-	ret = sfs_copy_up(n);
+	ret = sfs_acl_kill_sgid(req, n, name);
+	if (ret == 0)
+		ret = sfs_copy_up(n);
 	atomic_store(&n->nosec, false);	/* it may be a capability */
 	if (ret == 0)
 		ret = sfs_node_xattr_set(n, name, value, size, flags);
@@ -428,6 +436,12 @@ void sfs_op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
 		ret = sfs_node_xattr_get(n, name, buf, size);
 		sfs_node_release(n);
 	}
+	/*
+	 * A layer without ACLs has none: any other error would be the
+	 * kernel's answer to every permission check on the file.
+	 */
+	if (ret == -EOPNOTSUPP && sfs_acl_is_name(name))
+		ret = -ENODATA;
 	if (ret < 0)
 		sfs_reply_err(req, ret);
 	else if (size)
@@ -479,8 +493,10 @@ void sfs_op_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name)
 	ret = sfs_node_get_pinned(ino, &n);
 	if (ret < 0)
 		goto out;
+	/* as overlayfs: before it knows whether there is an ACL to remove */
+	ret = sfs_acl_kill_sgid(req, n, name);
 	/* Removing what is not there must not copy anything up. */
-	if (!atomic_load(&n->has_upper))
+	if (ret == 0 && !atomic_load(&n->has_upper))
 		ret = sfs_node_xattr_get(n, name, NULL, 0);
 	if (ret >= 0)
 		ret = sfs_copy_up(n);

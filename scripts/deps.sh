@@ -11,7 +11,7 @@ PKGS=(
 	libprotobuf-c-dev protobuf-c-compiler libgrpc-dev protobuf-compiler libprotobuf-dev
 	libjson-c-dev libmicrohttpd-dev libarchive-dev
 	python3 python3-pytest python3-grpcio python3-protobuf python3-yaml jq
-	attr acl util-linux kmod fuse-overlayfs fio valgrind zstd
+	attr acl util-linux kmod fuse-overlayfs fio valgrind zstd btrfs-progs
 	debhelper dpkg-dev groff-base man-db systemd
 )
 # The fuzz targets' own build (never the package's): clang, libFuzzer,

@@ -368,6 +368,27 @@ def test_freeze_answers_what_the_layer_allocates(stratafs_only, tmp_path):
     assert_layer_size(counted, tmp_path / "f3")
 
 
+def test_root_acls_stay(stratafs_only, tmp_path):
+    """The new upper's root has the ACLs the old one had, not those its
+    parent directory's default ACL would give it."""
+    def getfacl(path):
+        return run(["getfacl", "-n", "--omit-header", path]).stdout
+
+    u = mount(stratafs_only, tmp_path)
+    run(["setfacl", "-m", "u:3001:r-x,d:u:3002:rwx", u.mnt])
+    run(["setfacl", "-d", "-m", "u:3003:rwx", os.path.dirname(u.upper)])
+    acl = getfacl(u.mnt)
+    assert "user:3001:r-x" in acl and "default:user:3002:rwx" in acl
+    assert freeze(u, tmp_path / "f1")[0] == 0
+    assert getfacl(u.mnt) == acl == getfacl(u.upper)
+    # and none where the old root had none
+    run(["setfacl", "-b", "-k", u.mnt])
+    plain = getfacl(u.mnt)
+    assert freeze(u, tmp_path / "f2")[0] == 0
+    assert getfacl(u.mnt) == plain == getfacl(u.upper)
+    assert "3003" not in plain
+
+
 def test_directories_frozen_over_and_over(stratafs_only, tmp_path):
     # directories whose layers outgrow their node's own room, some
     # changed between freezes and some not, over three freezes

@@ -35,6 +35,19 @@ def workload(m):
     os.symlink("new1", os.path.join(m, "sl"))
     os.truncate(os.path.join(m, "new2"), 0)
     os.chmod(os.path.join(m, "new3"), 0o600)
+    # ACLs: inherited (one default ACL bigger than the first read takes),
+    # set, read back
+    entries = ",".join(f"u:{3000 + i}:rwx" for i in range(70))
+    for d, acl in (("acl", "u:3001:rwx"), ("bigacl", entries)):
+        os.mkdir(os.path.join(m, d))
+        subprocess.run(["setfacl", "-d", "-m", acl, os.path.join(m, d)],
+                       check=True)
+        with open(os.path.join(m, d, "f"), "w"):
+            pass
+        os.mkdir(os.path.join(m, d, "sub"))
+    subprocess.run(["setfacl", "-m", "u:3001:r", os.path.join(m, "new4")],
+                   check=True)
+    subprocess.run(["getfacl", "-R", m], check=True, stdout=subprocess.DEVNULL)
     for root, dirs, files in os.walk(m):
         for n in files:
             os.lstat(os.path.join(root, n))
