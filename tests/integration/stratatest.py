@@ -661,11 +661,13 @@ class Union:
             # index=on refuses an upper whose last overlay is not gone yet:
             # its superblock can outlive umount(2) for a moment when
             # another task (a walk of the tree, on this busy machine) held
-            # the mount last
-            for attempt in range(50):
+            # the mount last; under heavy load that moment outlasted 5 s
+            deadline = time.monotonic() + 30
+            while True:
                 r = run(["mount", "-t", "overlay", "overlay", "-o",
                          self.options(), self.mnt], check=False)
-                if r.returncode == 0 or "index=on" not in self.options():
+                if r.returncode == 0 or "index=on" not in self.options() \
+                        or time.monotonic() > deadline:
                     break
                 time.sleep(0.1)
             if r.returncode != 0:
