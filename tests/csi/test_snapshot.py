@@ -389,18 +389,26 @@ def test_killed_while_taking(env, strata, point):
     assert contents(k, r.reply.volume.volume_id, ["data"]) == {"data": "precious\n"}
 
 
+def staged_with_data(env, strata, var, point):
+    """A plugin in STRATA's place with VAR=POINT in its environment (and
+    its daemons'), and a volume staged with a file written: (plugin,
+    kubelet, volume id, staging path)."""
+    strata.stop()
+    p = env.plugin(root=strata.root, environ={var: point})
+    k = Kubelet(env, p)
+    vid = k.create("v")
+    st = k.stage(vid)
+    write_file(os.path.join(st, "data"), "precious\n")
+    return p, k, vid, st
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("point", SNAP_POINTS)
 def test_killed_while_freezing_a_staged_volume(env, strata, point):
     """The daemon outlives the plugin: the restarted plugin finishes or
     drops the snapshot by what the disk holds, and the pod's view never
     loses or hides a byte, through a restage too."""
-    strata.stop()
-    p = env.plugin(root=strata.root, environ={"STRATA_CSI_KILL_AT": point})
-    k = Kubelet(env, p)
-    vid = k.create("v")
-    st = k.stage(vid)
-    write_file(os.path.join(st, "data"), "precious\n")
+    p, k, vid, st = staged_with_data(env, strata, "STRATA_CSI_KILL_AT", point)
     r = p.csi.CreateSnapshot(name="s", source_volume_id=vid)
     assert r.code == "UNAVAILABLE", r
     poll(lambda: not p.alive(), 10, what="the plugin to die at " + point)
@@ -428,12 +436,7 @@ def test_daemon_worker_killed_while_freezing(env, strata, point):
     layer, before it switched to a fresh one: the plugin finishes the
     snapshot (the layer moved), the next worker finishes the freeze, and
     what the pod writes afterwards is in the volume, not in the snapshot."""
-    strata.stop()
-    p = env.plugin(root=strata.root, environ={"STRATAFS_CRASH_AFTER": point})
-    k = Kubelet(env, p)
-    vid = k.create("v")
-    st = k.stage(vid)
-    write_file(os.path.join(st, "data"), "precious\n")
+    p, k, vid, st = staged_with_data(env, strata, "STRATAFS_CRASH_AFTER", point)
     sid = snap(p.csi, "s", vid)
     assert chain(p, vid) == ["@" + sid, "base"]
     poll(lambda: "finished the freeze into " + p.path("snapshots") in
