@@ -13,6 +13,7 @@ import errno
 import hashlib
 import json
 import os
+import shutil
 import stat
 import subprocess
 import time
@@ -24,6 +25,7 @@ from snaptest import chain, clone, snap, snapshot_dirs
 
 DEPTH = 16            # CSI_FLATTEN_DEPTH
 OPAQUE = "trusted.overlay.opaque"
+REDIRECT = "trusted.overlay.redirect"
 PRIVATE = ("trusted.overlay.", "user.overlay.")
 
 
@@ -334,6 +336,115 @@ def test_killed_while_flattening(env, strata, point):
     sid = [e.snapshot.snapshot_id for e in p.csi.ListSnapshots().reply.entries]
     assert p.csi.DeleteSnapshot(snapshot_id=sid[0]).code == "OK"
     assert snapshot_dirs(p) == [layers[0][1:]]
+
+
+# --------------------------------------------------------------------------
+# redirects: directories renamed through a staged volume's daemon, which
+# writes them as the kernel does (fuse/dir.c: a name when the directory
+# stays in its parent, else its absolute path in the view below), with a
+# snapshot after each rename, so that the run's layers carry them
+
+RENAME_BASE = {"lower.txt": "from the lower layer\n",
+               "dir/inner.txt": "inner\n",
+               "p/q/f": "in p/q\n",
+               "o/x/f1": "in o/x\n"}
+
+
+def rename_step(st, i):
+    """What the staged volume ST does before snapshot I (1-based)."""
+    at = lambda *a: os.path.join(st, *a)  # noqa: E731
+    if i == 1:                            # renames within the run
+        os.makedirs(at("r1"))
+        write_file(at("r1", "a"), "a\n")
+        os.makedirs(at("m"))
+    elif i == 2:
+        os.rename(at("r1"), at("r2"))
+        write_file(at("r2", "b"), "b\n")
+    elif i == 3:
+        os.rename(at("r2"), at("m", "r3"))
+    elif i == 4:                          # a base directory moved
+        os.rename(at("dir"), at("m", "dir2"))
+    elif i == 5:                          # out of a renamed directory
+        os.rename(at("p"), at("p2"))
+    elif i == 6:
+        os.rename(at("p2", "q"), at("q2"))
+    elif i == 7:                          # through an opaque directory
+        shutil.rmtree(at("o"))
+        os.makedirs(at("o", "x"))
+        write_file(at("o", "x", "g"), "g\n")
+    elif i == 8:
+        os.rename(at("o", "x"), at("x2"))
+
+
+def redirects(p, vid):
+    """Every redirect the layers of VID's chain hold."""
+    found = set()
+    for e in chain(p, vid):
+        for dirpath, dirs, _ in os.walk(layer_dir(p, e)):
+            for d in dirs:
+                try:
+                    found.add(os.getxattr(os.path.join(dirpath, d), REDIRECT).decode())
+                except OSError as err:
+                    assert err.errno == errno.ENODATA
+    return found
+
+
+def deepen_staged(p, vid, last):
+    """Snapshots 1..LAST of the staged VID, each deleted (hidden)."""
+    for i in range(1, last + 1):
+        sid = snap(p.csi, f"s{i}", vid)
+        assert p.csi.DeleteSnapshot(snapshot_id=sid).code == "OK"
+
+
+@pytest.mark.timeout(240)
+def test_redirects_are_followed(env):
+    p = env.plugin(root=env.new_root(layers={"base": RENAME_BASE}))
+    k = Kubelet(env, p)
+    vid = k.create("v")
+    st = k.stage(vid)
+    for i in range(1, DEPTH + 1):
+        rename_step(st, i)
+        deepen_staged(p, vid, 1)
+    # the daemon's redirects, relative and absolute, some through others
+    assert {"r1", "/r2", "/dir", "p", "/p2/q", "/o/x"} <= redirects(p, vid)
+    before = original_view(env, p, vid, "before")
+    assert_views(view(st), before)       # the daemon agrees
+    names = before[0]
+    assert {"m/r3/a", "m/r3/b", "m/dir2/inner.txt", "q2/f", "x2/g"} <= set(names)
+    assert not {"r1", "r2", "dir", "p", "p2/q", "o/x", "x2/f1"} & set(names)
+    k.unstage(vid, st)
+    layers = flattened(p, vid)
+    assert layers[1:] == ["base"]
+    assert_views(daemon_view(k, vid), before)
+
+
+@pytest.mark.timeout(240)
+def test_whiteouts_through_a_redirect_below_the_run(env):
+    """The layers below the run reach c/b/ through a redirect: a file
+    deleted there in the run stays deleted once the run is merged."""
+    p = env.plugin(root=env.new_root(layers={
+        "base": {"a/f": "f\n", "a/g": "g\n"}}))
+    k = Kubelet(env, p)
+    # an admin's layer made of a volume's upper, a/ moved to c/b/ in it
+    v0 = k.create("v0")
+    st = k.stage(v0)
+    os.makedirs(os.path.join(st, "c"))
+    os.rename(os.path.join(st, "a"), os.path.join(st, "c", "b"))
+    k.unstage(v0, st)
+    subprocess.run(["cp", "-a", upper(p, v0), p.path("layers", "moved")],
+                   check=True)
+    assert os.getxattr(p.path("layers", "moved", "c", "b"), REDIRECT) == b"/a"
+    vid = k.create("v", layers="moved,base")
+    st = k.stage(vid)
+    os.unlink(os.path.join(st, "c", "b", "f"))
+    deepen_staged(p, vid, DEPTH - 1)
+    assert chain(p, vid)[-2:] == ["moved", "base"]
+    before = original_view(env, p, vid, "before")
+    assert "c/b/g" in before[0] and "c/b/f" not in before[0]
+    k.unstage(vid, st)
+    layers = flattened(p, vid, depth=3)
+    assert layers[1:] == ["moved", "base"]
+    assert_views(daemon_view(k, vid), before)
 
 
 @pytest.mark.timeout(180)
