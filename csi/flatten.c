@@ -42,6 +42,14 @@
  * it, the records not switched yet are switched at start
  * (csi_flatten_recover), or the layer goes if none takes it.
  *
+ * A merge starts only if the store has room for what the run's layers
+ * allocate (an upper bound) and a reserve for the volumes' own writes,
+ * 5% of the store and at most 1 GiB: else it is put off, said so in the
+ * log, and tried at the next round, no failure. One that runs out all
+ * the same (no inode left, or the store filled meanwhile) fails: its
+ * .flat- directory goes, the chain stays, the failure is counted, and no
+ * merge starts for CSI_FLATTEN_BACKOFF_S.
+ *
  * Staged volumes are never switched: their daemons read the old layers
  * (and a heal restarts one on the same stack), and as long as a volume's
  * record names a layer, nothing removes it. Their switch is deferred to
@@ -55,6 +63,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -71,6 +80,9 @@
 #define CSI_FLATTEN_ROUND_S 600
 /* after a failed flatten (a full store...): no copy before this */
 #define CSI_FLATTEN_BACKOFF_S 60
+/* left free for the volumes' own writes: 5% of the store, at most 1 GiB */
+#define CSI_FLATTEN_RESERVE_PCT 5
+#define CSI_FLATTEN_RESERVE_MAX (1LL << 30)
 
 struct csi_flattener {
 	pthread_t thread;
@@ -460,6 +472,50 @@ static void csi_flatten_close(int *fds, int n)
 			close(fds[i]);
 }
 
+static const char *csi_flatten_kind(const struct csi_flatten_job *j)
+{
+	return csi_volume_id_valid(j->owner) ? "volume" : "snapshot";
+}
+
+/*
+ * Whether the store has room for J's merge: what the run's layers
+ * allocate (an upper bound: data the filesystem shares costs less) and
+ * a reserve for the volumes' own writes, which a merge must not starve.
+ * 0, -ENOSPC when it has not (said so), or -errno.
+ */
+static int csi_flatten_room(struct csi_store *s, const struct csi_flatten_job *j)
+{
+	int64_t need = 0, avail, size, reserve;
+	char path[PATH_MAX];
+	int ret;
+
+	for (int i = 0; i < j->nrun; i++) {
+		int64_t bytes, inodes;
+
+		/* the run is snapshots' layers only: csi_flatten_job_of */
+		if (snprintf(path, sizeof(path), "%s/snapshots/%s/layer",
+			     s->root, j->run[i] + 1) >= (int)sizeof(path))
+			return -ENAMETOOLONG;
+		ret = csi_tree_usage(path, &bytes, &inodes);
+		if (ret)
+			return ret;
+		need += bytes;
+	}
+	ret = csi_store_space(s, &avail, &size);
+	if (ret)
+		return ret;
+	reserve = size / 100 * CSI_FLATTEN_RESERVE_PCT;
+	if (reserve > CSI_FLATTEN_RESERVE_MAX)
+		reserve = CSI_FLATTEN_RESERVE_MAX;
+	if (need + reserve <= avail)
+		return 0;
+	strata_info("flatten of %s %s put off: needs %lld bytes (%lld for its %d layers, %lld kept for the volumes' writes), the store has %lld free; trying again next round",
+		    csi_flatten_kind(j), j->owner, (long long)(need + reserve),
+		    (long long)need, j->nrun, (long long)reserve,
+		    (long long)avail);
+	return -ENOSPC;
+}
+
 /*
  * J's run merged into snapshots/.flat-<F's id>/layer, synced, with F's
  * record beside it. On an error nothing of it is left.
@@ -559,7 +615,13 @@ static int csi_flatten_one(struct csi_plugin *p, struct csi_flatten_job *j)
 	int ret;
 
 	clock_gettime(CLOCK_MONOTONIC, &t0);
-	ret = list ? csi_store_new_id(CSI_SNAPSHOT_ID_PREFIX, f.id) : -ENOMEM;
+	ret = list ? csi_flatten_room(&p->store, j) : -ENOMEM;
+	if (ret == -ENOSPC) {
+		free(list);
+		return 0;	/* put off, not failed: the next round tries */
+	}
+	if (!ret)
+		ret = csi_store_new_id(CSI_SNAPSHOT_ID_PREFIX, f.id);
 	if (!ret && asprintf(&f.name, CSI_FLATTEN_NAME "%s", list) < 0) {
 		f.name = NULL;
 		ret = -ENOMEM;
@@ -570,8 +632,7 @@ static int csi_flatten_one(struct csi_plugin *p, struct csi_flatten_job *j)
 	if (ret)
 		goto out;
 	strata_info("flatten: %s %s sits on %d layers (more than %d): merging its top %d, %s, into @%s",
-		    csi_volume_id_valid(j->owner) ? "volume" : "snapshot",
-		    j->owner, j->nrun + j->nrest, CSI_FLATTEN_DEPTH, j->nrun,
+		    csi_flatten_kind(j), j->owner, j->nrun + j->nrest, CSI_FLATTEN_DEPTH, j->nrun,
 		    list, f.id);
 	ret = csi_flatten_build(p, j, &f, &c);
 	if (!ret)

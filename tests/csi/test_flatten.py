@@ -22,6 +22,7 @@ import pytest
 
 from csitest import Kubelet, poll, write_file
 from snaptest import chain, clone, snap, snapshot_dirs
+from test_metrics import free_port, scrape, value
 
 DEPTH = 16            # CSI_FLATTEN_DEPTH
 OPAQUE = "trusted.overlay.opaque"
@@ -447,30 +448,84 @@ def test_whiteouts_through_a_redirect_below_the_run(env):
     assert_views(daemon_view(k, vid), before)
 
 
+# --------------------------------------------------------------------------
+# room on the store
+
+def fill_store(p, leave):
+    """A file taking all of the store's room but LEAVE bytes."""
+    filler = os.path.join(p.root, "filler")
+    sv = os.statvfs(p.root)
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        os.posix_fallocate(fd, 0, sv.f_bavail * sv.f_frsize - leave)
+    finally:
+        os.close(fd)
+    return filler
+
+
 @pytest.mark.timeout(180)
-def test_full_store_keeps_the_old_chain(env):
-    """A flatten that runs out of space leaves the chain it had and no
-    part of the new layer."""
-    p = env.plugin(root=env.tmpfs_root(size="48m", layers={
+def test_no_room_puts_the_flatten_off(env):
+    """Room for the merged run, not for it and the reserve kept for the
+    volumes' writes (5% of the store): no merge starts, the chain stays,
+    the log says why; the first round with room merges it."""
+    p = env.plugin(root=env.tmpfs_root(size="400m", layers={
         "base": {"lower.txt": "from the lower layer\n"}}))
     k = Kubelet(env, p)
     vid = k.create("v")
     with open(upper(p, vid, "big"), "wb") as f:
         f.write(os.urandom(20 << 20))
     deepen(p, vid, 2, DEPTH - 1)
-    # leave less room than the merged run needs, more than a snapshot does
-    filler = os.path.join(p.root, "filler")
-    with open(filler, "wb") as f:
-        free = os.statvfs(p.root).f_bavail * os.statvfs(p.root).f_frsize
-        f.write(b"\1" * (free - (8 << 20)))
+    # the run allocates 20 MiB and a little; the reserve is 20 MiB
+    filler = fill_store(p, 30 << 20)
+    old = chain(p, vid)
+    deepen(p, vid, DEPTH, DEPTH + 1)
+    poll(lambda: "put off" in p.log(), 60, what="the flatten to be put off")
+    line = [ln for ln in p.log().splitlines() if "put off" in ln][0]
+    assert f"flatten of volume {vid} put off: needs " in line
+    assert "the store has " in line
+    layers = chain(p, vid)
+    assert layers[2:] == old
+    assert not [d for d in snapshot_dirs(p) if d.startswith(".")]
+    assert "failed after" not in p.log()
+    before = original_view(env, p, vid, "before")
+    os.unlink(filler)
+    deepen(p, vid, DEPTH + 2, DEPTH + 2, step=False)    # a round
+    # (the newest snapshot's chain may be merged first: the volume
+    # takes that layer, and sits on its own over it)
+    assert flattened(p, vid, depth=3)[-1] == "base"
+    assert_views(daemon_view(k, vid), before)
+
+
+@pytest.mark.timeout(180)
+def test_out_of_inodes_fails_cleanly(env):
+    """A merge that runs out of inodes halfway: nothing of it is left,
+    the chain stays, the failure is counted, the volume reads the same."""
+    addr = f"127.0.0.1:{free_port()}"
+    p = env.plugin(root=env.tmpfs_root(size="200m", layers={
+        "base": {"lower.txt": "from the lower layer\n"}}),
+        extra=["--metrics-address", addr])
+    k = Kubelet(env, p)
+    vid = k.create("v")
+    os.makedirs(upper(p, vid, "many"))
+    for i in range(400):
+        write_file(upper(p, vid, "many", f"f{i}"), f"{i}\n", sync=False)
+    deepen(p, vid, 2, DEPTH - 1)
+    # inodes for a snapshot, not for the 400 files the merge makes
+    sv = os.statvfs(p.root)
+    subprocess.run(["mount", "-o", "remount,nr_inodes=%d" %
+                    (sv.f_files - sv.f_ffree + 100), p.root], check=True)
     old = chain(p, vid)
     deepen(p, vid, DEPTH, DEPTH + 1)
     poll(lambda: "failed after" in p.log(), 60, what="the flatten to fail")
-    before = original_view(env, p, vid, "before")
+    assert "No space left on device" in p.log()
     layers = chain(p, vid)
-    assert len(layers) == len(old) + 2 and layers[2:] == old
+    assert layers[2:] == old
     assert not [d for d in snapshot_dirs(p) if d.startswith(".")]
     for e in layers:
         assert os.path.isdir(layer_dir(p, e)), e
-    os.unlink(filler)
+    _, samples = scrape(addr)
+    assert value(samples, "strata_csi_flatten_failures_total") == 1
+    assert value(samples, "strata_csi_flattens_total") == 0
+    before = original_view(env, p, vid, "before")
+    assert "many/f399" in before[0]
     assert_views(daemon_view(k, vid), before)
