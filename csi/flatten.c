@@ -194,25 +194,36 @@ static int csi_flatten_subst(char ***chain, int *n,
 	return 1;
 }
 
+/* 0 when no daemon serves volume ID (no node record, no workdir lock). */
+static int csi_flatten_unserved(struct csi_store *s, const char *id)
+{
+	struct csi_node_vol n;
+	int ret = csi_state_load(s, id, &n);
+
+	if (ret == 0) {
+		csi_state_free(&n);
+		return -EBUSY;
+	}
+	return ret == -ENOENT ? csi_volume_served(s, id) : ret;
+}
+
 /*
  * Claims volume ID for a switch: 0 with its busy claim held when no
- * daemon serves it (no node record, no lock on its workdir), -EBUSY
- * when one may.
+ * daemon serves it, -EBUSY when one may. A staged volume is not even
+ * claimed for the look: a claim held, however briefly, makes its RPCs
+ * (a snapshot of it) answer ABORTED. Looked at again under the claim:
+ * it may have been staged meanwhile.
  */
 static int csi_flatten_claim(struct csi_store *s, const char *id)
 {
-	struct csi_node_vol n;
-	int ret = csi_busy_enter(s, id);
+	int ret = csi_flatten_unserved(s, id);
 
 	if (ret)
 		return ret;
-	ret = csi_state_load(s, id, &n);
-	if (ret == 0) {
-		csi_state_free(&n);
-		ret = -EBUSY;
-	} else if (ret == -ENOENT) {
-		ret = csi_volume_served(s, id);
-	}
+	ret = csi_busy_enter(s, id);
+	if (ret)
+		return ret;
+	ret = csi_flatten_unserved(s, id);
 	if (ret)
 		csi_busy_leave(s, id);
 	return ret;
@@ -483,7 +494,8 @@ static const char *csi_flatten_kind(const struct csi_flatten_job *j)
  * a reserve for the volumes' own writes, which a merge must not starve.
  * 0, -ENOSPC when it has not (said so), or -errno.
  */
-static int csi_flatten_room(struct csi_store *s, const struct csi_flatten_job *j)
+static int csi_flatten_room(struct csi_store *s,
+			    const struct csi_flatten_job *j)
 {
 	int64_t need = 0, avail, size, reserve;
 	char path[PATH_MAX];
@@ -632,8 +644,8 @@ static int csi_flatten_one(struct csi_plugin *p, struct csi_flatten_job *j)
 	if (ret)
 		goto out;
 	strata_info("flatten: %s %s sits on %d layers (more than %d): merging its top %d, %s, into @%s",
-		    csi_flatten_kind(j), j->owner, j->nrun + j->nrest, CSI_FLATTEN_DEPTH, j->nrun,
-		    list, f.id);
+		    csi_flatten_kind(j), j->owner, j->nrun + j->nrest,
+		    CSI_FLATTEN_DEPTH, j->nrun, list, f.id);
 	ret = csi_flatten_build(p, j, &f, &c);
 	if (!ret)
 		ret = csi_flatten_switch(&p->store, &f);
