@@ -423,6 +423,7 @@ int csi_store_open(struct csi_store *s, const char *root);
 void csi_store_close(struct csi_store *s);
 int csi_store_check(struct csi_store *s, char *why, size_t size);
 int csi_store_writable(struct csi_store *s, struct csi_reply *r);
+int csi_store_space(struct csi_store *s, int64_t *avail, int64_t *size);
 int64_t csi_store_free(struct csi_store *s);
 bool csi_store_full(struct csi_store *s);
 int csi_store_new_id(const char *prefix, char id[CSI_VOLUME_ID_LEN + 1]);

@@ -42,6 +42,14 @@
  * it, the records not switched yet are switched at start
  * (csi_flatten_recover), or the layer goes if none takes it.
  *
+ * A merge starts only if the store has room for what the run's layers
+ * allocate (an upper bound) and a reserve for the volumes' own writes,
+ * 5% of the store and at most 1 GiB: else it is put off, said so in the
+ * log, and tried at the next round, no failure. One that runs out all
+ * the same (no inode left, or the store filled meanwhile) fails: its
+ * .flat- directory goes, the chain stays, the failure is counted, and no
+ * merge starts for CSI_FLATTEN_BACKOFF_S.
+ *
  * Staged volumes are never switched: their daemons read the old layers
  * (and a heal restarts one on the same stack), and as long as a volume's
  * record names a layer, nothing removes it. Their switch is deferred to
@@ -55,6 +63,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -71,6 +80,9 @@
 #define CSI_FLATTEN_ROUND_S 600
 /* after a failed flatten (a full store...): no copy before this */
 #define CSI_FLATTEN_BACKOFF_S 60
+/* left free for the volumes' own writes: 5% of the store, at most 1 GiB */
+#define CSI_FLATTEN_RESERVE_PCT 5
+#define CSI_FLATTEN_RESERVE_MAX (1LL << 30)
 
 struct csi_flattener {
 	pthread_t thread;
@@ -182,8 +194,8 @@ static int csi_flatten_subst(char ***chain, int *n,
 	return 1;
 }
 
-/* 0 when volume ID has no node record (not staged), else -EBUSY or -errno. */
-static int csi_flatten_unstaged(struct csi_store *s, const char *id)
+/* 0 when no daemon serves volume ID (no node record, no workdir lock). */
+static int csi_flatten_unserved(struct csi_store *s, const char *id)
 {
 	struct csi_node_vol n;
 	int ret = csi_state_load(s, id, &n);
@@ -192,28 +204,26 @@ static int csi_flatten_unstaged(struct csi_store *s, const char *id)
 		csi_state_free(&n);
 		return -EBUSY;
 	}
-	return ret == -ENOENT ? 0 : ret;
+	return ret == -ENOENT ? csi_volume_served(s, id) : ret;
 }
 
 /*
  * Claims volume ID for a switch: 0 with its busy claim held when no
- * daemon serves it (no node record, no lock on its workdir), -EBUSY
- * when one may. A staged volume is passed over before the claim too:
- * while the claim is held the volume's RPCs are turned away (ABORTED),
- * and a staged volume is the one a pod is using.
+ * daemon serves it, -EBUSY when one may. A staged volume is not even
+ * claimed for the look: a claim held, however briefly, makes its RPCs
+ * (a snapshot of it) answer ABORTED. Looked at again under the claim:
+ * it may have been staged meanwhile.
  */
 static int csi_flatten_claim(struct csi_store *s, const char *id)
 {
-	int ret = csi_flatten_unstaged(s, id);
+	int ret = csi_flatten_unserved(s, id);
 
 	if (ret)
 		return ret;
 	ret = csi_busy_enter(s, id);
 	if (ret)
 		return ret;
-	ret = csi_flatten_unstaged(s, id);
-	if (ret == 0)
-		ret = csi_volume_served(s, id);
+	ret = csi_flatten_unserved(s, id);
 	if (ret)
 		csi_busy_leave(s, id);
 	return ret;
@@ -473,6 +483,51 @@ static void csi_flatten_close(int *fds, int n)
 			close(fds[i]);
 }
 
+static const char *csi_flatten_kind(const struct csi_flatten_job *j)
+{
+	return csi_volume_id_valid(j->owner) ? "volume" : "snapshot";
+}
+
+/*
+ * Whether the store has room for J's merge: what the run's layers
+ * allocate (an upper bound: data the filesystem shares costs less) and
+ * a reserve for the volumes' own writes, which a merge must not starve.
+ * 0, -ENOSPC when it has not (said so), or -errno.
+ */
+static int csi_flatten_room(struct csi_store *s,
+			    const struct csi_flatten_job *j)
+{
+	int64_t need = 0, avail, size, reserve;
+	char path[PATH_MAX];
+	int ret;
+
+	for (int i = 0; i < j->nrun; i++) {
+		int64_t bytes, inodes;
+
+		/* the run is snapshots' layers only: csi_flatten_job_of */
+		if (snprintf(path, sizeof(path), "%s/snapshots/%s/layer",
+			     s->root, j->run[i] + 1) >= (int)sizeof(path))
+			return -ENAMETOOLONG;
+		ret = csi_tree_usage(path, &bytes, &inodes);
+		if (ret)
+			return ret;
+		need += bytes;
+	}
+	ret = csi_store_space(s, &avail, &size);
+	if (ret)
+		return ret;
+	reserve = size / 100 * CSI_FLATTEN_RESERVE_PCT;
+	if (reserve > CSI_FLATTEN_RESERVE_MAX)
+		reserve = CSI_FLATTEN_RESERVE_MAX;
+	if (need + reserve <= avail)
+		return 0;
+	strata_info("flatten of %s %s put off: needs %lld bytes (%lld for its %d layers, %lld kept for the volumes' writes), the store has %lld free; trying again next round",
+		    csi_flatten_kind(j), j->owner, (long long)(need + reserve),
+		    (long long)need, j->nrun, (long long)reserve,
+		    (long long)avail);
+	return -ENOSPC;
+}
+
 /*
  * J's run merged into snapshots/.flat-<F's id>/layer, synced, with F's
  * record beside it. On an error nothing of it is left.
@@ -572,7 +627,13 @@ static int csi_flatten_one(struct csi_plugin *p, struct csi_flatten_job *j)
 	int ret;
 
 	clock_gettime(CLOCK_MONOTONIC, &t0);
-	ret = list ? csi_store_new_id(CSI_SNAPSHOT_ID_PREFIX, f.id) : -ENOMEM;
+	ret = list ? csi_flatten_room(&p->store, j) : -ENOMEM;
+	if (ret == -ENOSPC) {
+		free(list);
+		return 0;	/* put off, not failed: the next round tries */
+	}
+	if (!ret)
+		ret = csi_store_new_id(CSI_SNAPSHOT_ID_PREFIX, f.id);
 	if (!ret && asprintf(&f.name, CSI_FLATTEN_NAME "%s", list) < 0) {
 		f.name = NULL;
 		ret = -ENOMEM;
@@ -583,9 +644,8 @@ static int csi_flatten_one(struct csi_plugin *p, struct csi_flatten_job *j)
 	if (ret)
 		goto out;
 	strata_info("flatten: %s %s sits on %d layers (more than %d): merging its top %d, %s, into @%s",
-		    csi_volume_id_valid(j->owner) ? "volume" : "snapshot",
-		    j->owner, j->nrun + j->nrest, CSI_FLATTEN_DEPTH, j->nrun,
-		    list, f.id);
+		    csi_flatten_kind(j), j->owner, j->nrun + j->nrest,
+		    CSI_FLATTEN_DEPTH, j->nrun, list, f.id);
 	ret = csi_flatten_build(p, j, &f, &c);
 	if (!ret)
 		ret = csi_flatten_switch(&p->store, &f);

@@ -7,15 +7,18 @@
  * the markers that still have something to act on:
  *
  *  - a name's topmost entry in the run wins; a whiteout there becomes a
- *    whiteout in the result only if a layer below the run has the name
- *    (a whiteout over nothing hides nothing);
+ *    whiteout in the result only if the layers below the run show the
+ *    name (a whiteout over nothing hides nothing);
  *  - a directory merges down the run as the kernel's lookup does: it
  *    stops at an opaque directory, a whiteout or a non-directory, and
- *    follows redirects (absolute, or a name in the parent's directory).
- *    Where it stopped inside the run and a layer below the run has the
- *    name, the result is opaque, so that it stays hidden; where it did
- *    not stop, and its lower
- *    part is elsewhere than its own path, the result carries an absolute
+ *    follows redirects. Every lookup of a name in a layer, in the run or
+ *    below it, is one walk (csi_flat_walk) with the kernel's rules: an
+ *    absolute path is walked a name at a time, and a directory on the
+ *    way may rewrite the rest of it (its redirect) or end the search
+ *    below its layer (opaque). Where the search stopped inside the run
+ *    and the layers below show the name, the result is opaque, so that
+ *    it stays hidden; where it did not stop, and its lower part is
+ *    elsewhere than its own path, the result carries an absolute
  *    redirect to it;
  *  - the layers' other private markers (origin, impure, nlink, and the
  *    run's own opaque and redirect) describe layers that are gone, and
@@ -32,7 +35,6 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <linux/fs.h>
-#include <linux/openat2.h>
 #include <search.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,7 +59,6 @@
 struct csi_flat_src {
 	int level;		/* index in the run, top first */
 	int fd;			/* the directory, open */
-	char *path;		/* "" or "/a/b": where it is in that layer */
 };
 
 /* A directory of the merged view. */
@@ -81,12 +82,22 @@ struct csi_flat_link {
 	char *path;		/* its first name in the result, relative */
 };
 
+/*
+ * A name looked up down a stack of layers, as the kernel's overlayfs
+ * carries it (ovl_lookup_data in fs/overlayfs/namei.c): what the next
+ * layer is asked for, one name in the parent's directory there, or an
+ * absolute path walked from the layer's root once a redirect said so.
+ */
+struct csi_flat_walk {
+	char *name;		/* malloc'd */
+	bool stop;		/* a whiteout, non-dir or opaque dir ended it */
+	bool is_dir;		/* a directory was found: only directories merge */
+};
+
 static void csi_flat_dir_free(struct csi_flat_dir *d)
 {
-	for (int i = 0; i < d->nsrc; i++) {
+	for (int i = 0; i < d->nsrc; i++)
 		close(d->src[i].fd);
-		free(d->src[i].path);
-	}
 	free(d->src);
 	free(d->below);
 	memset(d, 0, sizeof(*d));
@@ -105,41 +116,6 @@ static char *csi_flat_join(const char *dir, const char *name)
 	return asprintf(&p, "%s/%s", dir, name) < 0 ? NULL : p;
 }
 
-/*
- * The entry at PATH ("/a/b") of the layer ROOT, not following symlinks
- * anywhere: 0 with *st, and *fd open when it is a directory (else -1).
- */
-static int csi_flat_lookup(int root, const char *path, struct stat *st,
-			   int *fd)
-{
-	const char *slash = strrchr(path, '/');
-	char *dir;
-	int dfd, ret = 0;
-
-	*fd = -1;
-	if (!slash)
-		return -EINVAL;
-	dir = strndup(path, slash - path);
-	if (!dir)
-		return -ENOMEM;
-	dfd = csi_openat2(root, dir[0] ? dir + 1 : ".", O_PATH | O_DIRECTORY,
-			  RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS |
-				  RESOLVE_NO_MAGICLINKS);
-	free(dir);
-	if (dfd < 0)
-		return dfd == -ENOTDIR || dfd == -ELOOP ? -ENOENT : dfd;
-	if (fstatat(dfd, slash + 1, st, AT_SYMLINK_NOFOLLOW) < 0)
-		ret = -errno;
-	else if (S_ISDIR(st->st_mode)) {
-		*fd = openat(dfd, slash + 1, O_RDONLY | O_DIRECTORY |
-						     O_NOFOLLOW | O_CLOEXEC);
-		if (*fd < 0)
-			ret = -errno;
-	}
-	close(dfd);
-	return ret;
-}
-
 /* An overlay marker of the directory FD: its value's length, 0 or -errno. */
 static int csi_flat_marker(int fd, const char *name, char *buf, size_t size)
 {
@@ -154,55 +130,173 @@ static int csi_flat_marker(int fd, const char *name, char *buf, size_t size)
 	return (int)n;
 }
 
-/*
- * Adds SRC to D and reads its markers: *stop once it is opaque; a
- * redirect changes where D is looked for in the layers further down
- * (*abs, or *rel within the parent's directories).
- */
-static int csi_flat_add(struct csi_flat_dir *d, int level, int fd,
-			const char *path, bool *stop, char **abs, char **rel)
+/* Whether the directory FD is opaque: 1, 0 or -errno. */
+static int csi_flat_opaque(int fd)
 {
-	struct csi_flat_src *v;
-	char val[PATH_MAX];
+	char val[64];
+	int ret = csi_flat_marker(fd, CSI_FLAT_OPAQUE, val, sizeof(val));
+
+	return ret < 0 ? ret : ret == 1 && val[0] == 'y';
+}
+
+/*
+ * Whether a redirect is one the kernel follows: an absolute path of
+ * names, or one name. The kernel fails the lookup on anything else (and
+ * on "." or "..", which here would also lead out of the layer).
+ */
+static bool csi_flat_redirect_valid(const char *r)
+{
+	const char *c = r[0] == '/' ? r + 1 : r;
+
+	if (r[0] != '/' && strchr(r, '/'))
+		return false;
+	for (;;) {
+		size_t len = strcspn(c, "/");
+
+		if (len == 0 || (len == 1 && c[0] == '.') ||
+		    (len == 2 && !strncmp(c, "..", 2)))
+			return false;
+		if (!c[len])
+			return true;
+		c += len + 1;
+	}
+}
+
+/*
+ * The redirect of the directory FD, met at the name that starts at
+ * PRELEN in W->name with POST after it, rewrites what the layers below
+ * look up, as ovl_check_redirect: an absolute one the whole path (and
+ * the search goes on below, even if an opaque directory on the way had
+ * ended it), a relative one that name alone.
+ */
+static int csi_flat_redirect(struct csi_flat_walk *w, int fd, size_t prelen,
+			     const char *post)
+{
+	char val[PATH_MAX], *name;
 	int ret;
 
-	v = realloc(d->src, (d->nsrc + 1) * sizeof(*v));
+	ret = csi_flat_marker(fd, CSI_FLAT_REDIRECT, val, sizeof(val));
+	if (ret <= 0)
+		return ret;
+	if (!csi_flat_redirect_valid(val))
+		return -EBADMSG;
+	if (val[0] == '/') {
+		w->stop = false;
+		ret = asprintf(&name, "%s%s", val, post);
+	} else {
+		ret = asprintf(&name, "%.*s%s%s", (int)prelen, w->name, val,
+			       post);
+	}
+	if (ret < 0)
+		return -ENOMEM;
+	free(w->name);		/* POST pointed into it: used already */
+	w->name = name;
+	return 0;
+}
+
+/*
+ * NAME in the directory BASE of one layer, as ovl_lookup_single, NAME
+ * being W->name's component at PRELEN with POST after it: 1 when found
+ * (with *st, and *fd when it is a directory, else -1), 0 when not, or
+ * -errno. A whiteout or a non-directory ends W's search; so does an
+ * opaque directory, below this layer; another directory's redirect
+ * rewrites what comes next.
+ */
+static int csi_flat_single(int base, struct csi_flat_walk *w, const char *name,
+			   size_t prelen, const char *post, struct stat *st,
+			   int *fd)
+{
+	bool last = !*post;
+	int ret;
+
+	*fd = -1;
+	if (fstatat(base, name, st, AT_SYMLINK_NOFOLLOW) < 0)
+		return errno == ENOENT || errno == ENAMETOOLONG ? 0 : -errno;
+	if (csi_flat_whiteout(st)) {
+		w->stop = true;
+		return 0;
+	}
+	if (!S_ISDIR(st->st_mode)) {
+		/* a non-directory never merges with a directory */
+		w->stop = true;
+		return last && !w->is_dir;
+	}
+	if (last)
+		w->is_dir = true;
+	*fd = openat(base, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW |
+				       O_CLOEXEC);
+	if (*fd < 0)
+		return -errno;
+	ret = csi_flat_opaque(*fd);
+	if (ret == 1)
+		w->stop = true;
+	else if (ret == 0)
+		ret = csi_flat_redirect(w, *fd, prelen, post);
+	if (ret < 0) {
+		close(*fd);
+		*fd = -1;
+		return ret;
+	}
+	return 1;
+}
+
+/*
+ * W->name in one layer, as ovl_lookup_layer: one name in DIR (the
+ * parent's directory in that layer), or an absolute path walked from
+ * ROOT a name at a time, each directory on the way free to end the
+ * search below this layer or to rewrite the rest of the path. Returns
+ * as csi_flat_single does for the last name.
+ */
+static int csi_flat_walk(int root, int dir, struct csi_flat_walk *w,
+			 struct stat *st, int *fd)
+{
+	int base = root, ret;
+	size_t rem;
+
+	if (w->name[0] != '/')
+		return csi_flat_single(dir, w, w->name, 0, "", st, fd);
+	/* counted from the end: a redirect rewrites what comes before */
+	rem = strlen(w->name) - 1;
+	for (;;) {
+		size_t len = strlen(w->name);
+		const char *s = w->name + len - rem, *next = strchrnul(s, '/');
+		char comp[NAME_MAX + 1];
+		bool end = !*next;
+
+		if (next - s > NAME_MAX) {
+			ret = 0;	/* no layer has a name that long */
+			*fd = -1;
+			break;
+		}
+		memcpy(comp, s, next - s);
+		comp[next - s] = '\0';
+		ret = csi_flat_single(base, w, comp, len - rem, next, st, fd);
+		if (base != root)
+			close(base);
+		base = root;
+		if (ret <= 0 || end)
+			return ret;
+		base = *fd;	/* a directory on the way: into it */
+		*fd = -1;
+		rem -= strlen(comp) + 1;
+	}
+	if (base != root)
+		close(base);
+	return ret;
+}
+
+/* Adds the directory FD, at LEVEL of the run, to D. */
+static int csi_flat_add(struct csi_flat_dir *d, int level, int fd)
+{
+	struct csi_flat_src *v = realloc(d->src, (d->nsrc + 1) * sizeof(*v));
+
 	if (!v) {
 		close(fd);
 		return -ENOMEM;
 	}
 	d->src = v;
-	v[d->nsrc].level = level;
-	v[d->nsrc].fd = fd;
-	v[d->nsrc].path = strdup(path);
-	if (!v[d->nsrc++].path)
-		return -ENOMEM;
-	ret = csi_flat_marker(fd, CSI_FLAT_OPAQUE, val, sizeof(val));
-	if (ret < 0)
-		return ret;
-	*stop = ret == 1 && val[0] == 'y';
-	ret = csi_flat_marker(fd, CSI_FLAT_REDIRECT, val, sizeof(val));
-	if (ret <= 0)
-		return ret;
-	if (val[0] == '/') {
-		free(*abs);
-		*abs = strdup(val);
-		return *abs ? 0 : -ENOMEM;
-	}
-	if (strchr(val, '/'))
-		return -EBADMSG;	/* neither form the kernel writes */
-	if (*abs) {
-		char *slash = strrchr(*abs, '/'), *p;
-
-		*slash = '\0';
-		p = csi_flat_join(*abs, val);
-		free(*abs);
-		*abs = p;
-		return p ? 0 : -ENOMEM;
-	}
-	free(*rel);
-	*rel = strdup(val);
-	return *rel ? 0 : -ENOMEM;
+	v[d->nsrc++] = (struct csi_flat_src){ level, fd };
+	return 0;
 }
 
 /* The parent's directory at LEVEL, or NULL where it has none. */
@@ -216,83 +310,77 @@ static const struct csi_flat_src *csi_flat_at(const struct csi_flat_dir *d,
 }
 
 /*
- * The directory NAME of PARENT, whose topmost entry (a directory, FD)
- * is in PARENT->src[TOP], merged down the run into CHILD.
+ * The directory NAME of PARENT, whose topmost entry is in
+ * PARENT->src[TOP], merged down the run into CHILD, as the kernel looks
+ * it up: in the parent's directory of each layer, or from the layers'
+ * roots once a redirect made the name absolute. Where the search did
+ * not end in the run, it goes on below the run at CHILD->below.
  */
 static int csi_flat_descend(const struct csi_flat_ctx *c,
 			    const struct csi_flat_dir *parent, int top,
-			    const char *name, int fd, struct csi_flat_dir *child)
+			    const char *name, struct csi_flat_dir *child)
 {
 	const struct csi_flat_src *ps = &parent->src[top];
-	char *abs = NULL, *rel = strdup(name), *path;
-	bool stop = false;
-	int ret;
+	struct csi_flat_walk w = { .name = strdup(name) };
+	struct stat st;
+	int fd, ret;
 
 	memset(child, 0, sizeof(*child));
-	path = csi_flat_join(ps->path, name);
-	if (!rel || !path) {
-		close(fd);
-		ret = -ENOMEM;
-		goto out;
-	}
-	ret = csi_flat_add(child, ps->level, fd, path, &stop, &abs, &rel);
-	for (int l = ps->level + 1; !ret && !stop && l < c->nrange; l++) {
+	if (!w.name)
+		return -ENOMEM;
+	ret = csi_flat_single(ps->fd, &w, name, 0, "", &st, &fd);
+	if (ret == 1 && fd >= 0)
+		ret = csi_flat_add(child, ps->level, fd);
+	else if (ret >= 0)
+		ret = -ESTALE;	/* a directory a moment ago: layers are frozen */
+	for (int l = ps->level + 1; !ret && !w.stop && l < c->nrange; l++) {
 		const struct csi_flat_src *at = csi_flat_at(parent, l);
-		struct stat st;
 
-		if (!abs && !at)
+		if (w.name[0] != '/' && !at)
 			continue;	/* no parent there: nothing of it either */
-		free(path);
-		path = abs ? strdup(abs) : csi_flat_join(at->path, rel);
-		if (!path) {
-			ret = -ENOMEM;
-			break;
-		}
-		ret = csi_flat_lookup(c->range[l], path, &st, &fd);
-		if (ret == -ENOENT) {
-			ret = 0;
-			continue;
-		}
-		if (ret)
-			break;
-		if (!S_ISDIR(st.st_mode)) {
-			stop = true;	/* a whiteout, or a file it covers */
-			break;
-		}
-		ret = csi_flat_add(child, l, fd, path, &stop, &abs, &rel);
+		ret = csi_flat_walk(c->range[l], at ? at->fd : -1, &w, &st, &fd);
+		if (ret == 1)
+			ret = csi_flat_add(child, l, fd);
+		else if (fd >= 0)
+			close(fd);
 	}
 	if (ret)
 		goto out;
-	child->open = parent->open && !stop;
-	child->below = abs ? strdup(abs) : csi_flat_join(parent->below, rel);
+	child->open = parent->open && !w.stop;
+	child->below = w.name[0] == '/' ? strdup(w.name) :
+					  csi_flat_join(parent->below, w.name);
 	if (!child->below)
 		ret = -ENOMEM;
 out:
-	free(abs);
-	free(rel);
-	free(path);
+	free(w.name);
 	if (ret)
 		csi_flat_dir_free(child);
 	return ret;
 }
 
-/* Whether any layer below the run has an entry at DIR/NAME. */
-static bool csi_flat_below_has(const struct csi_flat_ctx *c, const char *dir,
-			       const char *name)
+/*
+ * Whether the layers below the run show NAME in the directory they
+ * merge into a directory of the view at BELOW (its path there, or where
+ * its redirect leads): 1, 0 or -errno, by the kernel's lookup.
+ */
+static int csi_flat_below_has(const struct csi_flat_ctx *c, const char *below,
+			      const char *name)
 {
-	char *path = csi_flat_join(dir, name);
-	bool has = !path; /* out of memory: a whiteout too many is harmless */
+	struct csi_flat_walk w = { .name = csi_flat_join(below, name) };
+	int ret = 0;
 
-	for (int i = 0; !has && i < c->nbelow; i++) {
+	if (!w.name)
+		return -ENOMEM;
+	for (int i = 0; !ret && !w.stop && i < c->nbelow; i++) {
 		struct stat st;
 		int fd;
 
-		has = csi_flat_lookup(c->below[i], path, &st, &fd) != -ENOENT;
+		ret = csi_flat_walk(c->below[i], -1, &w, &st, &fd);
 		if (fd >= 0)
 			close(fd);
 	}
-	free(path);
-	return has;
+	free(w.name);
+	return ret;
 }
 
 /* Sets the overlay marker KEY of NAME in DIR. */
@@ -600,10 +688,10 @@ static int csi_flat_entry(struct csi_flat_ctx *c, const struct csi_flat_dir *d,
 		goto out;
 	}
 	if (csi_flat_whiteout(&st)) {
-		ret = 0;
-		if (d->open && csi_flat_below_has(c, d->below, name) &&
-		    mknodat(out, name, S_IFCHR, makedev(0, 0)) < 0)
-			ret = -errno;
+		ret = d->open ? csi_flat_below_has(c, d->below, name) : 0;
+		if (ret == 1)
+			ret = mknodat(out, name, S_IFCHR, makedev(0, 0)) < 0 ?
+				      -errno : 0;
 		goto out;
 	}
 	c->entries++;
@@ -619,12 +707,7 @@ static int csi_flat_entry(struct csi_flat_ctx *c, const struct csi_flat_dir *d,
 		ret = ret > 0 ? 0 : ret;	/* linked: the copy has it all */
 		goto out;
 	}
-	fd = openat(s->fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-	if (fd < 0) {
-		ret = -errno;
-		goto out;
-	}
-	ret = csi_flat_descend(c, d, top, name, fd, &child);
+	ret = csi_flat_descend(c, d, top, name, &child);
 	if (ret)
 		goto out;
 	if (mkdirat(out, name, 0700) < 0) {
@@ -643,8 +726,9 @@ static int csi_flat_entry(struct csi_flat_ctx *c, const struct csi_flat_dir *d,
 	plain = csi_flat_join(d->below, name);
 	if (!ret && !plain)
 		ret = -ENOMEM;
-	if (!ret && d->open && !child.open &&
-	    csi_flat_below_has(c, d->below, name))
+	if (!ret && d->open && !child.open)
+		ret = csi_flat_below_has(c, d->below, name);
+	if (ret == 1)
 		ret = csi_flat_set(out, name, CSI_FLAT_OPAQUE, "y");
 	else if (!ret && child.open && strcmp(child.below, plain))
 		ret = csi_flat_set(out, name, CSI_FLAT_REDIRECT, child.below);
@@ -696,7 +780,6 @@ static void csi_flat_link_free(void *l)
 int csi_flatten_merge(struct csi_flat_ctx *c)
 {
 	struct csi_flat_dir root = { 0 };
-	char *abs = NULL, *rel = NULL;
 	struct stat st;
 	bool stop = false;
 	int ret = 0;
@@ -706,8 +789,11 @@ int csi_flatten_merge(struct csi_flat_ctx *c)
 		int fd = openat(c->range[l], ".", O_RDONLY | O_DIRECTORY |
 							O_CLOEXEC);
 
-		ret = fd < 0 ? -errno : csi_flat_add(&root, l, fd, "", &stop,
-						      &abs, &rel);
+		ret = fd < 0 ? -errno : csi_flat_add(&root, l, fd);
+		if (!ret)
+			ret = csi_flat_opaque(fd);
+		stop = ret == 1;
+		ret = ret < 0 ? ret : 0;
 	}
 	/* a root never redirects: the kernel ignores the marker there */
 	root.open = c->nbelow > 0 && !stop;
@@ -726,8 +812,6 @@ int csi_flatten_merge(struct csi_flat_ctx *c)
 		ret = csi_flat_times(c->out_root, ".", &st);
 	tdestroy(c->links, csi_flat_link_free);
 	c->links = NULL;
-	free(abs);
-	free(rel);
 	csi_flat_dir_free(&root);
 	return ret;
 }

@@ -475,6 +475,7 @@ static void csi_node_unstage(struct csi_plugin *p, const ProtobufCMessage *msg,
 {
 	const Csi__V1__NodeUnstageVolumeRequest *req = (const void *)msg;
 	struct csi_node_req nr;
+	bool kick = false;
 	char why[512];
 	int ret;
 
@@ -520,10 +521,15 @@ static void csi_node_unstage(struct csi_plugin *p, const ProtobufCMessage *msg,
 	if (ret == 0)
 		strata_info("volume %s unstaged from %s", nr.id, nr.n.staging);
 	csi_reply_ok(r, (void *)&csi_unstage_out);
-	/* its chain may have waited for its daemon to go */
-	csi_flatten_kick(p);
+	kick = true;
 out:
 	csi_node_end(p, &nr);
+	/*
+	 * Its chain may have waited for its daemon to go: a round, once the
+	 * claim is gone (a round finding it held skips the volume).
+	 */
+	if (kick)
+		csi_flatten_kick(p);
 }
 
 /*

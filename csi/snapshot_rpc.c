@@ -88,6 +88,7 @@ static void csi_create_snapshot(struct csi_plugin *p,
 	const Csi__V1__CreateSnapshotRequest *req = (const void *)msg;
 	struct csi_snapshot have = { 0 }, ss = { 0 };
 	struct csi_volume v = { 0 };
+	bool kick = false;
 	char why[512];
 	int ret;
 
@@ -146,10 +147,13 @@ static void csi_create_snapshot(struct csi_plugin *p,
 	strata_info("snapshot %s '%s' taken of volume %s", ss.id, ss.name,
 		    v.id);
 	csi_snapshot_created(r, &ss);
-	csi_flatten_kick(p);	/* the chains just got deeper */
+	kick = true;
 out:
 	pthread_mutex_unlock(&p->store.create_lock);
 	csi_busy_leave(&p->store, req->source_volume_id);
+	/* the chains just got deeper: a round, once the volume is unclaimed */
+	if (kick)
+		csi_flatten_kick(p);
 	csi_volume_free(&v);
 	csi_snapshot_free(&have);
 	csi_snapshot_free(&ss);

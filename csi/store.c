@@ -208,14 +208,25 @@ int csi_store_writable(struct csi_store *s, struct csi_reply *r)
 	return 0;
 }
 
-/* Bytes the store's filesystem has left, or a negative errno. */
-int64_t csi_store_free(struct csi_store *s)
+/* The bytes the store's filesystem has left for us, and its size. */
+int csi_store_space(struct csi_store *s, int64_t *avail, int64_t *size)
 {
 	struct statvfs st;
 
 	if (fstatvfs(s->root_fd, &st) < 0)
 		return -errno;
-	return (int64_t)st.f_bavail * (int64_t)st.f_frsize;
+	*avail = (int64_t)st.f_bavail * (int64_t)st.f_frsize;
+	*size = (int64_t)st.f_blocks * (int64_t)st.f_frsize;
+	return 0;
+}
+
+/* Bytes the store's filesystem has left, or a negative errno. */
+int64_t csi_store_free(struct csi_store *s)
+{
+	int64_t avail = 0, size;
+	int ret = csi_store_space(s, &avail, &size);
+
+	return ret ? ret : avail;
 }
 
 /* Whether the store's filesystem has no block or no inode left for us. */

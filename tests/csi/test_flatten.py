@@ -13,6 +13,7 @@ import errno
 import hashlib
 import json
 import os
+import shutil
 import stat
 import subprocess
 import time
@@ -21,9 +22,11 @@ import pytest
 
 from csitest import Kubelet, poll, write_file
 from snaptest import chain, clone, snap, snapshot_dirs
+from test_metrics import free_port, scrape, value
 
 DEPTH = 16            # CSI_FLATTEN_DEPTH
 OPAQUE = "trusted.overlay.opaque"
+REDIRECT = "trusted.overlay.redirect"
 PRIVATE = ("trusted.overlay.", "user.overlay.")
 
 
@@ -151,7 +154,8 @@ def original_view(env, p, vid, name):
 def assert_views(after, before):
     """Entry by entry, so that a difference says where."""
     a, b = after[0], before[0]
-    assert sorted(a) == sorted(b)
+    # (names only there, names missing)
+    assert (sorted(set(a) - set(b)), sorted(set(b) - set(a))) == ([], [])
     for rel in sorted(b):
         assert a[rel] == b[rel], rel
     assert after[1] == before[1]
@@ -225,10 +229,10 @@ def test_unstaged_volume_is_flattened_and_reads_the_same(env, strata, kubelet):
     assert_views(after, before)
     assert before[1] == [["hl1", "hl2"]]
     # the deleted snapshots' layers went with their last user
-    # ... and their removal (a `.del-` directory) finished, leaving nothing
     poll(lambda: [d for d in snapshot_dirs(p)
-                  if "@" + d in old or d.startswith(".")] == [], 30,
+                  if "@" + d.removeprefix(".del-") in old] == [], 10,
          what="the old layers to be freed")
+    assert not [d for d in snapshot_dirs(p) if d.startswith(".")]
     assert "flatten: volume " + vid in p.log()
     assert " layers merged into " + layers[0] in p.log()
 
@@ -335,30 +339,193 @@ def test_killed_while_flattening(env, strata, point):
     assert snapshot_dirs(p) == [layers[0][1:]]
 
 
+# --------------------------------------------------------------------------
+# redirects: directories renamed through a staged volume's daemon, which
+# writes them as the kernel does (fuse/dir.c: a name when the directory
+# stays in its parent, else its absolute path in the view below), with a
+# snapshot after each rename, so that the run's layers carry them
+
+RENAME_BASE = {"lower.txt": "from the lower layer\n",
+               "dir/inner.txt": "inner\n",
+               "p/q/f": "in p/q\n",
+               "o/x/f1": "in o/x\n"}
+
+
+def rename_step(st, i):
+    """What the staged volume ST does before snapshot I (1-based)."""
+    at = lambda *a: os.path.join(st, *a)  # noqa: E731
+    if i == 1:                            # renames within the run
+        os.makedirs(at("r1"))
+        write_file(at("r1", "a"), "a\n")
+        os.makedirs(at("m"))
+    elif i == 2:
+        os.rename(at("r1"), at("r2"))
+        write_file(at("r2", "b"), "b\n")
+    elif i == 3:
+        os.rename(at("r2"), at("m", "r3"))
+    elif i == 4:                          # a base directory moved
+        os.rename(at("dir"), at("m", "dir2"))
+    elif i == 5:                          # out of a renamed directory
+        os.rename(at("p"), at("p2"))
+    elif i == 6:
+        os.rename(at("p2", "q"), at("q2"))
+    elif i == 7:                          # through an opaque directory
+        shutil.rmtree(at("o"))
+        os.makedirs(at("o", "x"))
+        write_file(at("o", "x", "g"), "g\n")
+    elif i == 8:
+        os.rename(at("o", "x"), at("x2"))
+
+
+def redirects(p, vid):
+    """Every redirect the layers of VID's chain hold."""
+    found = set()
+    for e in chain(p, vid):
+        for dirpath, dirs, _ in os.walk(layer_dir(p, e)):
+            for d in dirs:
+                try:
+                    found.add(os.getxattr(os.path.join(dirpath, d), REDIRECT).decode())
+                except OSError as err:
+                    assert err.errno == errno.ENODATA
+    return found
+
+
+def deepen_staged(p, vid, last):
+    """Snapshots 1..LAST of the staged VID, each deleted (hidden)."""
+    for i in range(1, last + 1):
+        sid = snap(p.csi, f"s{i}", vid)
+        assert p.csi.DeleteSnapshot(snapshot_id=sid).code == "OK"
+
+
+@pytest.mark.timeout(240)
+def test_redirects_are_followed(env):
+    p = env.plugin(root=env.new_root(layers={"base": RENAME_BASE}))
+    k = Kubelet(env, p)
+    vid = k.create("v")
+    st = k.stage(vid)
+    for i in range(1, DEPTH + 1):
+        rename_step(st, i)
+        deepen_staged(p, vid, 1)
+    # the daemon's redirects, relative and absolute, some through others
+    assert {"r1", "/r2", "/dir", "p", "/p2/q", "/o/x"} <= redirects(p, vid)
+    before = original_view(env, p, vid, "before")
+    assert_views(view(st), before)       # the daemon agrees
+    names = before[0]
+    assert {"m/r3/a", "m/r3/b", "m/dir2/inner.txt", "q2/f", "x2/g"} <= set(names)
+    assert not {"r1", "r2", "dir", "p", "p2/q", "o/x", "x2/f1"} & set(names)
+    k.unstage(vid, st)
+    layers = flattened(p, vid)
+    assert layers[1:] == ["base"]
+    assert_views(daemon_view(k, vid), before)
+
+
+@pytest.mark.timeout(240)
+def test_whiteouts_through_a_redirect_below_the_run(env):
+    """The layers below the run reach c/b/ through a redirect: a file
+    deleted there in the run stays deleted once the run is merged."""
+    p = env.plugin(root=env.new_root(layers={
+        "base": {"a/f": "f\n", "a/g": "g\n"}}))
+    k = Kubelet(env, p)
+    # an admin's layer made of a volume's upper, a/ moved to c/b/ in it
+    v0 = k.create("v0")
+    st = k.stage(v0)
+    os.makedirs(os.path.join(st, "c"))
+    os.rename(os.path.join(st, "a"), os.path.join(st, "c", "b"))
+    k.unstage(v0, st)
+    subprocess.run(["cp", "-a", upper(p, v0), p.path("layers", "moved")],
+                   check=True)
+    assert os.getxattr(p.path("layers", "moved", "c", "b"), REDIRECT) == b"/a"
+    vid = k.create("v", layers="moved,base")
+    st = k.stage(vid)
+    os.unlink(os.path.join(st, "c", "b", "f"))
+    deepen_staged(p, vid, DEPTH - 1)
+    assert chain(p, vid)[-2:] == ["moved", "base"]
+    before = original_view(env, p, vid, "before")
+    assert "c/b/g" in before[0] and "c/b/f" not in before[0]
+    k.unstage(vid, st)
+    layers = flattened(p, vid, depth=3)
+    assert layers[1:] == ["moved", "base"]
+    assert_views(daemon_view(k, vid), before)
+
+
+# --------------------------------------------------------------------------
+# room on the store
+
+def fill_store(p, leave):
+    """A file taking all of the store's room but LEAVE bytes."""
+    filler = os.path.join(p.root, "filler")
+    sv = os.statvfs(p.root)
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        os.posix_fallocate(fd, 0, sv.f_bavail * sv.f_frsize - leave)
+    finally:
+        os.close(fd)
+    return filler
+
+
 @pytest.mark.timeout(180)
-def test_full_store_keeps_the_old_chain(env):
-    """A flatten that runs out of space leaves the chain it had and no
-    part of the new layer."""
-    p = env.plugin(root=env.tmpfs_root(size="48m", layers={
+def test_no_room_puts_the_flatten_off(env):
+    """Room for the merged run, not for it and the reserve kept for the
+    volumes' writes (5% of the store): no merge starts, the chain stays,
+    the log says why; the first round with room merges it."""
+    p = env.plugin(root=env.tmpfs_root(size="400m", layers={
         "base": {"lower.txt": "from the lower layer\n"}}))
     k = Kubelet(env, p)
     vid = k.create("v")
     with open(upper(p, vid, "big"), "wb") as f:
         f.write(os.urandom(20 << 20))
     deepen(p, vid, 2, DEPTH - 1)
-    # leave less room than the merged run needs, more than a snapshot does
-    filler = os.path.join(p.root, "filler")
-    with open(filler, "wb") as f:
-        free = os.statvfs(p.root).f_bavail * os.statvfs(p.root).f_frsize
-        f.write(b"\1" * (free - (8 << 20)))
+    # the run allocates 20 MiB and a little; the reserve is 20 MiB
+    filler = fill_store(p, 30 << 20)
+    old = chain(p, vid)
+    deepen(p, vid, DEPTH, DEPTH + 1)
+    poll(lambda: "put off" in p.log(), 60, what="the flatten to be put off")
+    line = [ln for ln in p.log().splitlines() if "put off" in ln][0]
+    assert f"flatten of volume {vid} put off: needs " in line
+    assert "the store has " in line
+    layers = chain(p, vid)
+    assert layers[2:] == old
+    assert not [d for d in snapshot_dirs(p) if d.startswith(".")]
+    assert "failed after" not in p.log()
+    before = original_view(env, p, vid, "before")
+    os.unlink(filler)
+    deepen(p, vid, DEPTH + 2, DEPTH + 2, step=False)    # a round
+    # (the newest snapshot's chain may be merged first: the volume
+    # takes that layer, and sits on its own over it)
+    assert flattened(p, vid, depth=3)[-1] == "base"
+    assert_views(daemon_view(k, vid), before)
+
+
+@pytest.mark.timeout(180)
+def test_out_of_inodes_fails_cleanly(env):
+    """A merge that runs out of inodes halfway: nothing of it is left,
+    the chain stays, the failure is counted, the volume reads the same."""
+    addr = f"127.0.0.1:{free_port()}"
+    p = env.plugin(root=env.tmpfs_root(size="200m", layers={
+        "base": {"lower.txt": "from the lower layer\n"}}),
+        extra=["--metrics-address", addr])
+    k = Kubelet(env, p)
+    vid = k.create("v")
+    os.makedirs(upper(p, vid, "many"))
+    for i in range(400):
+        write_file(upper(p, vid, "many", f"f{i}"), f"{i}\n", sync=False)
+    deepen(p, vid, 2, DEPTH - 1)
+    # inodes for a snapshot, not for the 400 files the merge makes
+    sv = os.statvfs(p.root)
+    subprocess.run(["mount", "-o", "remount,nr_inodes=%d" %
+                    (sv.f_files - sv.f_ffree + 100), p.root], check=True)
     old = chain(p, vid)
     deepen(p, vid, DEPTH, DEPTH + 1)
     poll(lambda: "failed after" in p.log(), 60, what="the flatten to fail")
-    before = original_view(env, p, vid, "before")
+    assert "No space left on device" in p.log()
     layers = chain(p, vid)
-    assert len(layers) == len(old) + 2 and layers[2:] == old
+    assert layers[2:] == old
     assert not [d for d in snapshot_dirs(p) if d.startswith(".")]
     for e in layers:
         assert os.path.isdir(layer_dir(p, e)), e
-    os.unlink(filler)
+    _, samples = scrape(addr)
+    assert value(samples, "strata_csi_flatten_failures_total") == 1
+    assert value(samples, "strata_csi_flattens_total") == 0
+    before = original_view(env, p, vid, "before")
+    assert "many/f399" in before[0]
     assert_views(daemon_view(k, vid), before)
