@@ -685,6 +685,7 @@ static int sfs_freeze(struct sfs_freeze *z)
 	if (counted < 0)
 		strata_warn("freeze: counting the new upper's usage: %s",
 			    strerror(-counted));
+	sfs_crash_after("freeze.through");
 out_open:
 	sfs_freeze_done();
 	sfs_gate_open();
@@ -754,10 +755,21 @@ int sfs_freeze_takeover(struct sfs_fdset *keep)
 		return 0;
 	ret = sfs_freeze_open_upper(&z);
 	if (ret == 0) {
+		/*
+		 * The upper is where it was: the rename had not happened or
+		 * was undone, or the switch was through (NEWDIR is the top
+		 * layer's path then, and stays). Cleared before it is freed:
+		 * a worker dying in between must not find it freed.
+		 */
+		bool through = sfs->nlower > 0 &&
+			       sfs->lower[0].path == z.newdir;
+
 		strata_info("freeze: the worker before died in a freeze into "
-			    "%s before its upper moved: nothing to finish",
-			    z.newdir);
-		sfs_shm_free((char *)z.newdir);
+			    "%s %s: nothing to finish", z.newdir, through ?
+			    "once it was through" : "before its upper moved");
+		sfs_freeze_done();
+		if (!through)
+			sfs_shm_free((char *)z.newdir);
 		goto out;
 	}
 	if (ret != -ENOENT && ret != -ESTALE)

@@ -205,13 +205,18 @@ def test_freeze_content_and_later_writes(stratafs_only, tmp_path):
 
 @pytest.mark.skipif(not supervised(),
                     reason="without a supervisor a dead daemon's mount is gone")
-@pytest.mark.parametrize("point", ["freeze.moved", "freeze.made"])
+@pytest.mark.parametrize("point,said", [
+    ("freeze.moved", "finished the freeze into "),
+    ("freeze.made", "finished the freeze into "),
+    ("freeze.through", "nothing to finish")])
 def test_a_freeze_its_worker_died_in_is_finished(stratafs_only, tmp_path,
-                                                 point):
+                                                 point, said):
     """The worker killed once the upper was renamed (moved: no new upper
     yet; made: the new upper made) and before the switch: the next one
     finishes the freeze before it serves, so nothing written afterwards
-    lands in the new layer, and the view is the frozen stack's."""
+    lands in the new layer, and the view is the frozen stack's. Killed
+    once the switch was through, before it said so: the next one keeps
+    the stack as it is."""
     u = mount(stratafs_only, tmp_path, env={"STRATAFS_CRASH_AFTER": point})
     before_freeze(u)
     upper_then = snapshot_upper(u.upper)
@@ -236,7 +241,8 @@ def test_a_freeze_its_worker_died_in_is_finished(stratafs_only, tmp_path,
     assert os.listdir(u.upper) == []
     after_freeze(u)
     assert snapshot_upper(str(frozen)) == upper_then
-    assert "finished the freeze into " + str(frozen) in u.stderr()
+    told = [line for line in u.stderr().splitlines() if said in line]
+    assert len(told) == 1 and str(frozen) in told[0], u.stderr()
     assert_stack_agrees(stratafs_only, u, [frozen], "1")
 
 
