@@ -23,8 +23,16 @@
  *    new worker keeps the lists it finds; when the kernel sends one of
  *    those requests again, that reply never reached it, and the counts
  *    are undone. The kernel queues all it sends again ahead of anything
- *    new: by the first new request, the lists left over were replies
- *    that did reach it, and are dropped.
+ *    new, so once a new request is read, every request sent again has
+ *    been read too; but threads read side by side, and one may still be
+ *    on its way from its read to here with a request sent again while
+ *    another already handles a new one. So the lists left over are
+ *    dropped (replies that did reach the kernel) only once a new request
+ *    comes SFS_RESEND_GRACE_NS after the first new one, or at the next
+ *    takeover; until then a list waits for a request with its unique,
+ *    which only a resend can bring. Dropping them at the first new
+ *    request left counts the kernel never had, and their nodes until the
+ *    unmount: a listing's worth per death.
  *
  *  - A request that cannot be done twice (RENAME_EXCHANGE swaps back)
  *    writes down on the same list how far it got (sfs_resend_step):
@@ -36,6 +44,7 @@
 #include <errno.h>
 #include <linux/fuse.h>
 #include <string.h>
+#include <time.h>
 
 #include "stratafs.h"
 
@@ -66,6 +75,9 @@ static __thread uint64_t sfs_unique;
 static __thread uint32_t sfs_step;
 /* Whether lists a dead worker left may still be matched. */
 static atomic_bool sfs_unreplied_open;
+/* When the first new request came after a takeover: 0 before. */
+static long long sfs_unreplied_first_new;
+#define SFS_RESEND_GRACE_NS (1000LL * 1000 * 1000)
 /* Over sfs->unreplied: a list is freed by whoever matches it first. */
 static pthread_mutex_t sfs_unreplied_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -248,26 +260,41 @@ static void sfs_replying_drop(struct sfs_replying *r)
 /* A request was read: UNIQUE as the kernel sent it. */
 void sfs_resend_request(uint64_t unique, bool resent)
 {
+	bool drop = false;
+	size_t left = 0;
+
 	sfs_unique = unique & ~SFS_UNIQUE_RESEND;
 	sfs_step = 0;
 	if (!atomic_load(&sfs_unreplied_open))
 		return;
 	pthread_mutex_lock(&sfs_unreplied_lock);
+	if (!resent) {
+		struct timespec ts;
+		long long now;
+
+		clock_gettime(CLOCK_MONOTONIC, &ts);
+		now = ts.tv_sec * 1000000000LL + ts.tv_nsec;
+		if (!sfs_unreplied_first_new)
+			sfs_unreplied_first_new = now;
+		drop = now - sfs_unreplied_first_new >= SFS_RESEND_GRACE_NS;
+	}
 	for (size_t i = 0; i < SFS_MAX_THREADS * 2; i++) {
 		struct sfs_replying *r = sfs->unreplied[i];
 
-		/* anything new: everything sent again came before it */
-		if (!r || (resent && atomic_load(&r->unique) != sfs_unique))
+		if (!r)
 			continue;
-		sfs->unreplied[i] = NULL;
-		if (resent) {
+		if (resent && atomic_load(&r->unique) == sfs_unique) {
+			sfs->unreplied[i] = NULL;
 			sfs_step = atomic_load(&r->step);
 			sfs_replying_undo(r);
-		} else {
+		} else if (drop) {
+			sfs->unreplied[i] = NULL;
 			sfs_replying_drop(r);
+		} else {
+			left++;
 		}
 	}
-	if (!resent)
+	if (!left)
 		atomic_store(&sfs_unreplied_open, false);
 	pthread_mutex_unlock(&sfs_unreplied_lock);
 }
@@ -313,5 +340,6 @@ void sfs_resend_takeover(void)
 	}
 	sfs_shm_walk(SFS_SHM_FORGET, sfs_forgets_finish, NULL);
 	sfs_shm_walk(SFS_SHM_REPLY, sfs_replying_keep, &slot);
+	sfs_unreplied_first_new = 0;
 	atomic_store(&sfs_unreplied_open, slot > 0);
 }
