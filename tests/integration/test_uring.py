@@ -203,8 +203,15 @@ def test_a_dead_workers_ring_requests(stratafs_only, enable_uring, tmp_path):
     env = dict(os.environ, STRATAFS_URING_SUPERVISED="1")
     u, stats = mount(stratafs_only, tmp_path, ["transport=uring"], env=env)
 
-    # idle: the next worker registers again, and requests flow over it
+    # idle: the next worker registers again, and requests flow over it.
+    # Killed only once its rings are registered: killed during INIT or
+    # before, the worker has nothing of what this test is about
     w = worker_of(u)
+    os.stat(u.mnt)
+    deadline = time.monotonic() + 60
+    while IN_USE not in u.stderr() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert IN_USE in u.stderr(), u.stderr()
     os.kill(w, signal.SIGKILL)
     w = worker_of(u, old=w)
     # a wait, not a measure: a ThreadSanitizer build beside other load
@@ -212,7 +219,7 @@ def test_a_dead_workers_ring_requests(stratafs_only, enable_uring, tmp_path):
     deadline = time.monotonic() + 60
     while u.stderr().count(IN_USE) < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert u.stderr().count(IN_USE) == 2
+    assert u.stderr().count(IN_USE) == 2, u.stderr()
     before = counters(stats)[ST_URING_REQUESTS]
     churn(u, 50)
     assert counters(stats)[ST_URING_REQUESTS] - before >= 4 * 50
