@@ -412,19 +412,20 @@ static void sfs_node_removed(struct sfs_node *n)
 		gone = sfs_fstat(upper, &st) == 0 && st.st_nlink == 0;
 	else
 		gone = sfs_fstat(n->lower[0].fd, &st) == 0 && st.st_nlink <= 1;
-	/*
-	 * An upper inode with no name left is freed, and what it took
-	 * given back: now, or for an open file at its last close.
-	 */
-	if (gone && upper >= 0 && !n->indexed &&
-	    (!S_ISREG(n->type) || atomic_load(&n->nopen) == 0) &&
-	    sfs_fstat(upper, &st) == 0)
-		sfs_usage_gone(&st);
 	if (gone)
 		sfs_node_unhash(n);
 	sfs_lock(&n->lock);
 	if (gone)
 		n->unlinked = true;
+	/*
+	 * An upper inode with no name left is freed, and what it took
+	 * given back: now, or for an open file at its last close, which
+	 * decides under this lock too (sfs_file_close_usage).
+	 */
+	if (gone && upper >= 0 && !n->indexed &&
+	    (!S_ISREG(n->type) || atomic_load(&n->nopen) == 0) &&
+	    sfs_fstat(upper, &st) == 0)
+		sfs_usage_gone(&st);
 	/*
 	 * Nothing can reach a removed file without an open handle, but the
 	 * kernel forgets it only later: release its blocks now, as kernel

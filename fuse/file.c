@@ -104,19 +104,27 @@ static bool sfs_file_current(const struct fuse_file_info *fi)
 }
 
 /*
- * The last close of an upper file: what it allocates now is counted,
- * and a file whose last name went while it was open gives it all back.
+ * One handle fewer. The last close of an upper file counts what it
+ * allocates now, and a file whose last name went while it was open
+ * gives it all back. Decided under the node's lock, with the count, as
+ * sfs_node_removed decides under it: a close and the unlink of the last
+ * name at the same moment each find the other done or not yet, never
+ * both not yet (then neither gave the blocks back).
  */
 static void sfs_file_close_usage(struct sfs_file *f)
 {
+	struct sfs_node *n = f->node;
 	struct stat st;
 
-	if (!f->upper || atomic_load(&f->node->nopen) != 1)
-		return;
-	sfs_usage_track(f->node, f->fd);
-	if (atomic_load(&f->node->unlinked) && !f->node->indexed &&
-	    fstat(f->fd, &st) == 0 && st.st_nlink == 0)
-		sfs_usage_gone(&st);
+	sfs_lock(&n->lock);
+	if (f->upper && atomic_load(&n->nopen) == 1) {
+		sfs_usage_track(n, f->fd);
+		if (atomic_load(&n->unlinked) && !n->indexed &&
+		    fstat(f->fd, &st) == 0 && st.st_nlink == 0)
+			sfs_usage_gone(&st);
+	}
+	atomic_fetch_sub(&n->nopen, 1);
+	sfs_unlock(&n->lock);
 }
 
 void sfs_file_close(struct sfs_file *f)
@@ -129,7 +137,6 @@ void sfs_file_close(struct sfs_file *f)
 	close(f->fd);
 	if (f->oldfd >= 0)
 		close(f->oldfd);
-	atomic_fetch_sub(&f->node->nopen, 1);
 	sfs_node_unref(f->node);
 	pthread_mutex_destroy(&f->lock);
 	sfs_shm_free(f);
