@@ -693,6 +693,7 @@ struct sfs_capture {
 
 int sfs_transport_setup(struct fuse_session *se);
 bool sfs_transport_request(int fd, const void *buf, size_t len);
+void sfs_transport_trim(char *buf, size_t n);
 ssize_t sfs_transport_writev(int fd, struct iovec *iov, int count);
 void sfs_transport_capture(struct sfs_capture *c);
 bool sfs_req_resent(void);

@@ -150,7 +150,8 @@ static ssize_t sfs_hook_splice_send(int fdin, off_t *offin, int fdout,
  * Each libfuse thread reads requests into a buffer of its own, sized for
  * the biggest write (1 MiB and a page), and keeps it for its life: once
  * a thread has received a big write, the whole buffer stays resident,
- * up to 16 MiB over the pool. Once the thread has served
+ * up to 16 MiB over the pool (and as much again for the copies of their
+ * requests the ring threads keep: uring.c). Once the thread has served
  * SFS_RX_QUIET requests in a row that each fit in SFS_RX_KEEP bytes,
  * the pages past that go back to the system (MADV_DONTNEED; the next
  * big write faults them in again, zeroed). Counted in requests, not
@@ -166,7 +167,7 @@ static __thread struct {
 	unsigned quiet;		/* small requests since */
 } sfs_rx;
 
-static void sfs_rx_release(char *buf, size_t n)
+void sfs_transport_trim(char *buf, size_t n)
 {
 	uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
 	uintptr_t from, to;
@@ -196,7 +197,7 @@ static ssize_t sfs_hook_read_rx(int fd, void *buf, size_t len,
 	ssize_t n = sfs_hook_read(fd, buf, len, userdata);
 
 	if (n > 0)
-		sfs_rx_release(buf, (size_t)n);
+		sfs_transport_trim(buf, (size_t)n);
 	return n;
 }
 

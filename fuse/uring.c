@@ -8,11 +8,19 @@
  *
  * How it runs. The INIT reply carries FUSE_OVER_IO_URING (handshake.c).
  * The kernel keeps one queue per possible CPU and puts a request on the
- * queue of the CPU that sent it (task_cpu). Each queue here is a thread
- * pinned to that CPU with an io_uring of its own (IORING_SETUP_SQE128:
- * struct fuse_uring_cmd_req lives in the SQE's 80-byte command area).
- * The thread hands the kernel SFS_URING_DEPTH ring entries with
- * IORING_OP_URING_CMD / FUSE_IO_URING_CMD_REGISTER, each two buffers:
+ * queue of the CPU that sent it (task_cpu). Each queue here is served by
+ * SFS_URING_THREADS threads pinned to that CPU, each with an io_uring of
+ * its own (IORING_SETUP_SQE128: struct fuse_uring_cmd_req lives in the
+ * SQE's 80-byte command area) and SFS_URING_DEPTH ring entries, handed
+ * to the kernel with IORING_OP_URING_CMD / FUSE_IO_URING_CMD_REGISTER.
+ * A thread runs its requests' handlers itself, and a handler may wait
+ * (a read of a lower layer on a stalled filesystem; even the I/O
+ * engine's submission, as io_uring polls a FUSE file synchronously): the
+ * requests of that thread's entries wait behind it. One entry a thread
+ * means that such a wait holds no request but its own, while the other
+ * threads serve the queue (the kernel hands a request to any entry that
+ * is free, the one freed last first: a lone caller keeps one thread
+ * busy, warm on its CPU). Each entry is two buffers:
  * a struct fuse_uring_req_header (the fuse_in_header, the opcode's own
  * struct, the entry's commit id and payload size) and the payload (every
  * other argument). Once every queue has an entry, the kernel stops
@@ -31,11 +39,11 @@
  * kernel may put the next request in those buffers as soon as the
  * commit is in.
  *
- * Only a queue's own thread submits to its ring. A reply made on it is
- * queued in the SQ and goes in with the wait for the next request: one
+ * Only a ring's own thread submits to it. A reply made on it is queued
+ * in the SQ and goes in with the wait for the next request: one
  * io_uring_enter(2) per request. A reply made on another thread (the
- * I/O engine's completion thread) is pushed on the queue's list and the
- * thread woken through an eventfd its ring reads. Either way the entry's
+ * I/O engine's completion thread) is pushed on the ring's list and its
+ * thread woken through an eventfd the ring reads. Either way the entry's
  * command is the pinned thread's, which matters: the kernel hands the
  * next request over in the context of the task that submitted the
  * command (io_uring_cmd_complete_in_task).
@@ -86,9 +94,11 @@
 #define RUNNING_ON_VALGRIND 0
 #endif
 
-/* Requests a queue holds at once: its handlers can wait on backing I/O. */
-#define SFS_URING_DEPTH 8
-/* Stands in the SQ for commits from other threads and the stop NOP. */
+/* Threads serving a CPU's queue: as many requests as it holds at once. */
+#define SFS_URING_THREADS 8
+/* Entries a thread holds: more would wait behind a handler that waits. */
+#define SFS_URING_DEPTH 1
+/* Room in the SQ for the entries' commits and the eventfd's read. */
 #define SFS_URING_SQ (SFS_URING_DEPTH * 2)
 /* The kernel's FUSE_MIN_READ_BUFFER: no payload is ever smaller. */
 #define SFS_URING_MIN_PAYLOAD 8192
@@ -101,7 +111,7 @@ _Static_assert(sizeof(struct sfs_fuse_uring_req_header) == 288,
 _Static_assert(sizeof(struct sfs_fuse_uring_cmd_req) == 24,
 	       "struct fuse_uring_cmd_req");
 
-struct sfs_uring_queue;
+struct sfs_uring_server;
 
 /*
  * One ring entry. Its buffers belong to the kernel between a REGISTER
@@ -110,7 +120,7 @@ struct sfs_uring_queue;
  * whoever swaps it to 0 commits, so an entry is never committed twice.
  */
 struct sfs_uring_ent {
-	struct sfs_uring_queue *q;
+	struct sfs_uring_server *q;
 	struct sfs_fuse_uring_req_header *hdr;
 	char *payload;
 	struct iovec iov[2];	/* what REGISTER hands the kernel */
@@ -121,14 +131,15 @@ struct sfs_uring_ent {
 };
 
 /*
- * A queue: its thread, its ring, its entries. Lives from sfs_uring_start
- * to sfs_uring_free, which runs once its thread is joined and the I/O
- * engine, the one other thread that replies, has shut down. The ring,
- * efd_val and req are the queue thread's alone; replied is a lock-free
- * stack any replying thread pushes on and the queue's thread empties;
- * the rest is set before the thread starts and never changes.
+ * One of the threads serving a kernel queue: its ring, its entries.
+ * Lives from sfs_uring_start to sfs_uring_free, which runs once its
+ * thread is joined and the I/O engine, the one other thread that
+ * replies, has shut down. The ring, efd_val and req are the thread's
+ * alone; replied is a lock-free stack any replying thread pushes on and
+ * this one empties; the rest is set before the thread starts and never
+ * changes.
  */
-struct sfs_uring_queue {
+struct sfs_uring_server {
 	struct io_uring ring;	/* its own thread's alone */
 	/* entries answered on other threads, for the queue's thread */
 	struct sfs_uring_ent *_Atomic replied;
@@ -149,16 +160,16 @@ struct sfs_uring_queue {
 static struct {
 	struct fuse_session *se;
 	int devfd;
-	int nq;
-	struct sfs_uring_queue *q;	/* nq of them while running, else NULL */
-	sem_t set_up;		/* one post per queue done setting up */
+	int n;			/* threads serving them, SFS_URING_THREADS each */
+	struct sfs_uring_server *q;	/* n of them while running, else NULL */
+	sem_t set_up;		/* one post per thread done setting up */
 	atomic_bool stopping;
 } sfs_uring;
 
 /* The entry whose request this thread is handling. */
 static __thread struct sfs_uring_ent *sfs_uring_cur;
 /* The queue whose thread this is, on a queue's thread. */
-static __thread struct sfs_uring_queue *sfs_uring_self;
+static __thread struct sfs_uring_server *sfs_uring_self;
 
 /* The user_data of the eventfd read: an address no entry has. */
 #define SFS_URING_WAKE ((void *)&sfs_uring)
@@ -309,7 +320,7 @@ static void sfs_uring_prep(struct io_uring_sqe *sqe, struct sfs_uring_ent *e,
 }
 
 /* An SQE of Q's ring, submitting what waits if it is full. */
-static struct io_uring_sqe *sfs_uring_sqe(struct sfs_uring_queue *q)
+static struct io_uring_sqe *sfs_uring_sqe(struct sfs_uring_server *q)
 {
 	struct io_uring_sqe *sqe = io_uring_get_sqe(&q->ring);
 
@@ -324,7 +335,7 @@ static struct io_uring_sqe *sfs_uring_sqe(struct sfs_uring_queue *q)
  * On Q's thread: answers the request E holds and hands E back for the
  * next one, with the next submit.
  */
-static void sfs_uring_commit(struct sfs_uring_queue *q,
+static void sfs_uring_commit(struct sfs_uring_server *q,
 			     struct sfs_uring_ent *e, uint64_t unique)
 {
 	struct io_uring_sqe *sqe = sfs_uring_sqe(q);
@@ -339,7 +350,7 @@ static void sfs_uring_commit(struct sfs_uring_queue *q,
 }
 
 /* Reads the eventfd through the ring: its completion wakes the thread. */
-static int sfs_uring_arm_wake(struct sfs_uring_queue *q)
+static int sfs_uring_arm_wake(struct sfs_uring_server *q)
 {
 	struct io_uring_sqe *sqe = sfs_uring_sqe(q);
 
@@ -351,7 +362,7 @@ static int sfs_uring_arm_wake(struct sfs_uring_queue *q)
 }
 
 /* From another thread: E is answered, for Q's thread to commit. */
-static void sfs_uring_hand_over(struct sfs_uring_queue *q,
+static void sfs_uring_hand_over(struct sfs_uring_server *q,
 				struct sfs_uring_ent *e, uint64_t unique)
 {
 	struct sfs_uring_ent *head = atomic_load(&q->replied);
@@ -366,7 +377,7 @@ static void sfs_uring_hand_over(struct sfs_uring_queue *q,
 }
 
 /* On Q's thread: commits what other threads answered. */
-static void sfs_uring_take_over(struct sfs_uring_queue *q)
+static void sfs_uring_take_over(struct sfs_uring_server *q)
 {
 	struct sfs_uring_ent *e = atomic_exchange(&q->replied, NULL);
 
@@ -388,7 +399,7 @@ static struct sfs_uring_ent *sfs_uring_take(uint64_t unique)
 		return NULL;
 	if (e && atomic_compare_exchange_strong(&e->unique, &want, 0))
 		return e;
-	for (int i = 0; i < sfs_uring.nq; i++) {
+	for (int i = 0; i < sfs_uring.n; i++) {
 		for (int j = 0; j < SFS_URING_DEPTH; j++) {
 			e = &sfs_uring.q[i].ent[j];
 			want = unique;
@@ -472,7 +483,7 @@ static void sfs_uring_fail(struct sfs_uring_ent *e, uint64_t unique, int err)
  * op_in), then the payload (every other argument). fuse_in_header.len
  * counts them all, so the struct's size is what the payload leaves.
  */
-static void sfs_uring_serve(struct sfs_uring_queue *q, struct sfs_uring_ent *e)
+static void sfs_uring_serve(struct sfs_uring_server *q, struct sfs_uring_ent *e)
 {
 	const struct fuse_in_header *in = (const void *)e->hdr->in_out;
 	uint32_t psz = e->hdr->ring_ent_in_out.payload_sz;
@@ -501,6 +512,7 @@ static void sfs_uring_serve(struct sfs_uring_queue *q, struct sfs_uring_ent *e)
 	sfs_uring_cur = e;
 	if (sfs_transport_request(sfs_uring.devfd, q->req, buf.size))
 		fuse_session_process_buf(sfs_uring.se, &buf);
+	sfs_transport_trim(q->req, buf.size);
 	sfs_gate_leave();
 	sfs_uring_cur = NULL;
 }
@@ -510,7 +522,7 @@ static void sfs_uring_serve(struct sfs_uring_queue *q, struct sfs_uring_ent *e)
  * errno (then the kernel serves through /dev/fuse: a REGISTER it
  * refuses turns FUSE over io_uring off for the connection).
  */
-static int sfs_uring_register(struct sfs_uring_queue *q)
+static int sfs_uring_register(struct sfs_uring_server *q)
 {
 	struct io_uring_cqe *cqe;
 	int ret;
@@ -550,7 +562,7 @@ static int sfs_uring_register(struct sfs_uring_queue *q)
 }
 
 /* One completion on Q's ring; false when the thread is to end. */
-static bool sfs_uring_complete(struct sfs_uring_queue *q,
+static bool sfs_uring_complete(struct sfs_uring_server *q,
 			       struct sfs_uring_ent *e, int res, int *live)
 {
 	if (e == SFS_URING_WAKE) {
@@ -579,7 +591,7 @@ static bool sfs_uring_complete(struct sfs_uring_queue *q,
  * Submits the commits made meanwhile and waits for the next request in
  * one system call, then handles every completion there is.
  */
-static void sfs_uring_loop(struct sfs_uring_queue *q)
+static void sfs_uring_loop(struct sfs_uring_server *q)
 {
 	int live = SFS_URING_DEPTH;
 	bool going = true;
@@ -608,7 +620,7 @@ static void sfs_uring_loop(struct sfs_uring_queue *q)
 
 static void *sfs_uring_thread(void *arg)
 {
-	struct sfs_uring_queue *q = arg;
+	struct sfs_uring_server *q = arg;
 	cpu_set_t set;
 
 	/*
@@ -627,7 +639,7 @@ static void *sfs_uring_thread(void *arg)
 	return NULL;
 }
 
-static int sfs_uring_queue_init(struct sfs_uring_queue *q, int qid)
+static int sfs_uring_server_init(struct sfs_uring_server *q, int qid)
 {
 	size_t hsz = sizeof(struct sfs_fuse_uring_req_header);
 	size_t payload = sfs->uring_payload;
@@ -666,7 +678,7 @@ static int sfs_uring_queue_init(struct sfs_uring_queue *q, int qid)
  */
 int sfs_uring_start(struct fuse_session *se)
 {
-	int nq, ret = 0, started = 0;
+	int nq, n, ret = 0, started = 0;
 
 	if (!atomic_load(&sfs->uring))
 		return 0;
@@ -676,20 +688,21 @@ int sfs_uring_start(struct fuse_session *se)
 			   strerror(-nq));
 		return nq;
 	}
-	sfs_uring.q = calloc((size_t)nq, sizeof(*sfs_uring.q));
+	n = nq * SFS_URING_THREADS;
+	sfs_uring.q = calloc((size_t)n, sizeof(*sfs_uring.q));
 	if (!sfs_uring.q)
 		return -ENOMEM;
-	for (int i = 0; i < nq; i++)
+	for (int i = 0; i < n; i++)
 		sfs_uring.q[i].efd = -1;
-	sfs_uring.nq = nq;
+	sfs_uring.n = n;
 	sfs_uring.se = se;
 	sfs_uring.devfd = fuse_session_fd(se);
 	atomic_store(&sfs_uring.stopping, false);
 	sem_init(&sfs_uring.set_up, 0, 0);
-	for (int i = 0; i < nq && ret == 0; i++) {
-		struct sfs_uring_queue *q = &sfs_uring.q[i];
+	for (int i = 0; i < n && ret == 0; i++) {
+		struct sfs_uring_server *q = &sfs_uring.q[i];
 
-		ret = sfs_uring_queue_init(q, i);
+		ret = sfs_uring_server_init(q, i / SFS_URING_THREADS);
 		if (ret == 0)
 			ret = -pthread_create(&q->thread, NULL,
 					      sfs_uring_thread, q);
@@ -707,8 +720,9 @@ int sfs_uring_start(struct fuse_session *se)
 			   strerror(-ret));
 		return ret;
 	}
-	strata_info("transport: FUSE over io_uring, %d queues of %d entries, "
-		    "a thread pinned to each CPU", nq, SFS_URING_DEPTH);
+	strata_info("transport: FUSE over io_uring, %d queues, each served by "
+		    "%d threads pinned to its CPU with %d entry each", nq,
+		    SFS_URING_THREADS, SFS_URING_DEPTH);
 	return 0;
 }
 
@@ -716,8 +730,8 @@ int sfs_uring_start(struct fuse_session *se)
 void sfs_uring_stop(void)
 {
 	atomic_store(&sfs_uring.stopping, true);
-	for (int i = 0; i < sfs_uring.nq; i++) {
-		struct sfs_uring_queue *q = &sfs_uring.q[i];
+	for (int i = 0; i < sfs_uring.n; i++) {
+		struct sfs_uring_server *q = &sfs_uring.q[i];
 
 		if (!q->thread_ok)
 			continue;
@@ -733,8 +747,8 @@ void sfs_uring_stop(void)
  */
 void sfs_uring_free(void)
 {
-	for (int i = 0; i < sfs_uring.nq; i++) {
-		struct sfs_uring_queue *q = &sfs_uring.q[i];
+	for (int i = 0; i < sfs_uring.n; i++) {
+		struct sfs_uring_server *q = &sfs_uring.q[i];
 
 		if (q->ring_ok)
 			io_uring_queue_exit(&q->ring);
@@ -749,5 +763,5 @@ void sfs_uring_free(void)
 		sem_destroy(&sfs_uring.set_up);
 	free(sfs_uring.q);
 	sfs_uring.q = NULL;
-	sfs_uring.nq = 0;
+	sfs_uring.n = 0;
 }

@@ -619,11 +619,6 @@ def test_a_request_that_does_not_end_refuses_the_freeze(stratafs_only,
     u = mount(stratafs_only, tmp_path, lowers=[{}],
               layer_dirs=[slow.mnt], extra_opts=["nopassthrough"])
     os.stat(u.mnt)                           # INIT is answered
-    if "transport: FUSE over io_uring" in u.stderr():
-        # a ring's thread runs its handlers itself: one that waits holds
-        # every request of its CPU's queue behind it, the freeze's own
-        # sync of the mount among them (fuse/uring.c)
-        pytest.skip("over io_uring a waiting handler holds its CPU's queue")
     upper_ino = os.stat(u.upper).st_ino
     fd = os.open(u.path("big"), os.O_RDONLY)
     up = os.open(u.path("up"), os.O_WRONLY | os.O_CREAT, 0o644)

@@ -13,6 +13,7 @@ what it needs and puts back what it found."""
 import errno
 import json
 import os
+import re
 import signal
 import struct
 import subprocess
@@ -121,16 +122,84 @@ def test_requests_come_over_the_rings(stratafs_only, enable_uring, tmp_path):
     assert c[ST_URING_REQUESTS] - before >= 4 * 200
     cpus = possible_cpus()
     assert f"{IN_USE}, {len(cpus)} queues" in u.stderr()
-    # a ring per queue (and the I/O engine's own)
-    assert len(uring_fds(u.pid)) >= len(cpus)
-    # a thread pinned to each CPU
-    pinned = set()
+    threads = int(re.search(r"each served by (\d+) threads",
+                            u.stderr()).group(1))
+    assert threads > 1
+    # a ring per serving thread (and the I/O engine's own)
+    assert len(uring_fds(u.pid)) >= len(cpus) * threads
+    # that many threads pinned to each CPU
+    pinned = {}
     for t in os.listdir(f"/proc/{u.pid}/task"):
         with open(f"/proc/{u.pid}/task/{t}/status") as f:
             for line in f:
                 if line.startswith("Cpus_allowed_list:"):
-                    pinned.add(line.split()[1])
-    assert {str(c) for c in cpus} <= pinned
+                    cpu = line.split()[1]
+                    pinned[cpu] = pinned.get(cpu, 0) + 1
+    for c in cpus:
+        assert pinned.get(str(c), 0) >= threads, pinned
+    u.unmount()
+
+
+PINNED_OPS = """
+import os, sys
+os.sched_setaffinity(0, {int(sys.argv[1])})
+fd = int(sys.argv[2])
+for i in range(20):
+    os.pwrite(fd, b"x", i)
+    os.fsync(fd)
+    os.fstat(fd)
+"""
+
+
+def test_a_waiting_handler_holds_only_its_own_request(stratafs_only,
+                                                      enable_uring, tmp_path):
+    """A read that waits in its handler (a lower layer on a stopped FUSE
+    daemon) holds one of its CPU's serving threads: calls made on that
+    CPU meanwhile are served by the others. With one thread a queue
+    they waited until the read ended."""
+    enable_uring("1")
+    cpu = possible_cpus()[0]
+    slow = stratafs_only.make([{}])          # the lower layer's filesystem
+    # put in behind slow's back, so that a read must go to its daemon
+    with open(os.path.join(slow.lowers[0], "big"), "wb") as f:
+        f.write(os.urandom(256 << 10))
+    u = stratafs_only.make([{}], layer_dirs=[slow.mnt],
+                           extra_opts=["transport=uring", "nosupervisor",
+                                       "nopassthrough"])
+    os.stat(u.mnt)
+    assert IN_USE in u.stderr(), u.stderr()
+    # an upper file opened before: its calls need nothing of the lower
+    up = os.open(u.path("up"), os.O_RDWR | os.O_CREAT, 0o644)
+    reader = ops = None
+    os.killpg(slow.proc.pid, signal.SIGSTOP)
+    try:
+        reader = subprocess.Popen(
+            [sys.executable, "-c",
+             "import os, sys; os.sched_setaffinity(0, {int(sys.argv[1])}); "
+             "fd = os.open(sys.argv[2], os.O_RDONLY); "
+             "os.read(fd, 1 << 18)", str(cpu), u.path("big")])
+        # the read is in u's daemon, waiting on slow's
+        time.sleep(0.5)
+        assert reader.poll() is None
+        ops = subprocess.Popen([sys.executable, "-c", PINNED_OPS, str(cpu),
+                                str(up)], pass_fds=[up])
+        # a wait, not a measure: the ops need nothing of the stopped lower
+        deadline = time.monotonic() + 60
+        while ops.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ops.poll() == 0, "calls on the read's CPU waited behind it"
+        assert reader.poll() is None
+    finally:
+        os.killpg(slow.proc.pid, signal.SIGCONT)
+        for p in (reader, ops):
+            if p:
+                try:
+                    p.wait(60)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+    os.close(up)
+    assert reader.returncode == 0
     u.unmount()
 
 
