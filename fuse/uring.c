@@ -715,6 +715,16 @@ int sfs_uring_start(struct fuse_session *se)
 		sem_wait(&sfs_uring.set_up);
 	for (int i = 0; i < started && ret == 0; i++)
 		ret = sfs_uring.q[i].err;
+	if (ret == -ENOTCONN || ret == -ECONNABORTED) {
+		/*
+		 * Unmounted (or aborted) while the threads registered: the
+		 * device's loop sees the end and the daemon exits as at any
+		 * unmount.
+		 */
+		strata_info("FUSE over io_uring: the connection ended while "
+			    "the queues were set up");
+		return 0;
+	}
 	if (ret < 0) {
 		strata_err("FUSE over io_uring: setting up the queues: %s",
 			   strerror(-ret));
