@@ -325,7 +325,8 @@ struct sfs_file {
 	_Atomic int fd;
 	int oldfd;		/* the lower fd a copy-up replaced, or -1 */
 	atomic_bool upper;	/* fd is on the upper copy */
-	bool passthrough;	/* the kernel does its I/O (passthrough.c) */
+	/* the kernel does its I/O (passthrough.c); a freeze reads it unlocked */
+	atomic_bool passthrough;
 	uint16_t gen;		/* in the handle the kernel holds, as a check */
 	int flags;
 	struct sfs_node *node;	/* referenced */
