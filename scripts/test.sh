@@ -5,7 +5,8 @@
 # plugin suite over a real socket, the packaging checks, every example
 # of README.md and docs/ run as written, and the same again on an
 # AddressSanitizer+UBSan build, the race suite on a ThreadSanitizer
-# build, two copies at once, and the libFuzzer targets (fuzz/) for
+# build, two copies at once, then its integration suite (part of it over
+# FUSE over io_uring as well), and the libFuzzer targets (fuzz/) for
 # FUZZ_SECONDS (60) each, two at a time. Ends with one line
 # "N passed, N failed".
 #
@@ -163,6 +164,22 @@ run_fuzz() {
 # FUSE over io_uring's module parameter: set for a stage, then put back
 uring_param=/sys/module/fuse/parameters/enable_uring
 
+# run_integration over FUSE over io_uring, where the kernel has it: one
+# process, since a supervised daemon is served through /dev/fuse
+# (fuse/uring.c); test_worker.py needs the supervisor, and test_uring.py
+# picks its own options.
+run_over_uring() {
+	local name=$1 bin=$2 was
+	shift 2
+	[ -e "$uring_param" ] || return 0
+	was=$(cat "$uring_param")
+	echo 1 >"$uring_param"
+	STRATAFS_OPTS=transport=uring,nosupervisor run_integration "$name" \
+		"$bin" -m stratafs --ignore=test_worker.py \
+		--ignore=test_uring.py "$@"
+	echo "$was" >"$uring_param"
+}
+
 echo "== build"
 if ! scripts/build.sh build; then
 	echo "0 passed, 1 failed"
@@ -178,18 +195,9 @@ STRATAFS_OPTS=io=sync,nopassthrough run_integration integration-sync \
 # as the CSI plugin mounts most volumes).
 STRATAFS_OPTS=nopassthrough run_integration integration-nopassthrough \
 	"$top/build/stratafs" -m stratafs -k "not valgrind and not memory"
-# And over FUSE over io_uring, where the kernel has it: one process,
-# since a supervised daemon is served through /dev/fuse (fuse/uring.c);
-# test_worker.py needs the supervisor, and test_uring.py picks its own.
-if [ -e "$uring_param" ]; then
-	uring_was=$(cat "$uring_param")
-	echo 1 >"$uring_param"
-	STRATAFS_OPTS=transport=uring,nosupervisor run_integration \
-		integration-uring "$top/build/stratafs" -m stratafs \
-		-k "not valgrind and not memory" \
-		--ignore=test_worker.py --ignore=test_uring.py
-	echo "$uring_was" >"$uring_param"
-fi
+# And over FUSE over io_uring.
+run_over_uring integration-uring "$top/build/stratafs" \
+	-k "not valgrind and not memory"
 run_csi csi "$top/build"
 run_packaging "$top/build"
 run_docs "$top/build"
@@ -223,6 +231,14 @@ if [ "$quick" -eq 0 ]; then
 		run_race_pair races-tsan "$top/build-tsan/stratafs"
 		run_integration tsan "$top/build-tsan/stratafs" -m stratafs \
 			-k "not valgrind and not memory"
+		# The rings' threads and their hand-over of replies, and what
+		# runs beside them (a freeze's checks raced an OPEN there)
+		run_over_uring tsan-uring "$top/build-tsan/stratafs" \
+			-k "not valgrind and not memory" test_freeze.py \
+			test_races.py test_concurrency.py test_io_engine.py \
+			test_passthrough.py test_direct_io.py test_unmount.py
+		run_integration tsan-uring-own "$top/build-tsan/stratafs" \
+			test_uring.py
 	else
 		failed=$((failed + 1))
 	fi

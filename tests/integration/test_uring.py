@@ -91,6 +91,16 @@ def uring_fds(pid):
     return out
 
 
+def rings_up(u):
+    """Waits until every serving thread has registered: before that,
+    requests come through /dev/fuse. A wait, not a measure (slow under
+    ThreadSanitizer beside other load)."""
+    deadline = time.monotonic() + 60
+    while IN_USE not in u.stderr() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert IN_USE in u.stderr(), u.stderr()
+
+
 def mount(factory, tmp_path, opts, env=None):
     stats = os.path.join(str(tmp_path), f"s{len(factory.unions)}.stats")
     u = factory.make([{"a": "lower"}], extra_opts=[*opts, f"statsfile={stats}"],
@@ -102,6 +112,8 @@ def test_requests_come_over_the_rings(stratafs_only, enable_uring, tmp_path):
     enable_uring("1")
     u, stats = mount(stratafs_only, tmp_path, ["transport=uring",
                                                "nosupervisor"])
+    os.stat(u.mnt)
+    rings_up(u)
     before = counters(stats)[ST_URING_REQUESTS]
     churn(u, 200)
     fd = os.open(u.path("a"), os.O_RDONLY)
@@ -167,7 +179,7 @@ def test_a_waiting_handler_holds_only_its_own_request(stratafs_only,
                            extra_opts=["transport=uring", "nosupervisor",
                                        "nopassthrough"])
     os.stat(u.mnt)
-    assert IN_USE in u.stderr(), u.stderr()
+    rings_up(u)
     # an upper file opened before: its calls need nothing of the lower
     up = os.open(u.path("up"), os.O_RDWR | os.O_CREAT, 0o644)
     reader = ops = None
@@ -277,10 +289,7 @@ def test_a_dead_workers_ring_requests(stratafs_only, enable_uring, tmp_path):
     # before, the worker has nothing of what this test is about
     w = worker_of(u)
     os.stat(u.mnt)
-    deadline = time.monotonic() + 60
-    while IN_USE not in u.stderr() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert IN_USE in u.stderr(), u.stderr()
+    rings_up(u)
     os.kill(w, signal.SIGKILL)
     w = worker_of(u, old=w)
     # a wait, not a measure: a ThreadSanitizer build beside other load
