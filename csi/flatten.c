@@ -83,6 +83,8 @@
 /* left free for the volumes' own writes: 5% of the store, at most 1 GiB */
 #define CSI_FLATTEN_RESERVE_PCT 5
 #define CSI_FLATTEN_RESERVE_MAX (1LL << 30)
+/* Layers whose size the room check remembers: a run is never longer. */
+#define CSI_FLATTEN_SIZES CSI_MAX_LAYERS
 
 struct csi_flattener {
 	pthread_t thread;
@@ -93,6 +95,16 @@ struct csi_flattener {
 	bool stop;
 	atomic_bool cancel;	/* read by a merge under way */
 	time_t backoff_until;	/* the thread's own */
+	/*
+	 * The thread's own: what snapshots' layers allocate, walked once
+	 * (a frozen layer never changes), so that a merge put off for room
+	 * does not walk its whole run again every round.
+	 */
+	struct {
+		char id[CSI_SNAPSHOT_ID_LEN + 1];
+		int64_t bytes;
+	} sizes[CSI_FLATTEN_SIZES];
+	unsigned next_size;	/* the slot the next walk takes */
 };
 
 /* A run to flatten: the record it was found in, the run, what is below. */
@@ -488,27 +500,53 @@ static const char *csi_flatten_kind(const struct csi_flatten_job *j)
 	return csi_volume_id_valid(j->owner) ? "volume" : "snapshot";
 }
 
+/* What snapshot ID's layer allocates: remembered, or walked. */
+static int csi_flatten_layer_bytes(struct csi_flattener *fl,
+				   struct csi_store *s, const char *id,
+				   int64_t *bytes)
+{
+	char path[PATH_MAX];
+	int64_t inodes;
+	unsigned slot;
+	int ret;
+
+	for (int i = 0; i < CSI_FLATTEN_SIZES; i++) {
+		if (!strcmp(fl->sizes[i].id, id)) {
+			*bytes = fl->sizes[i].bytes;
+			return 0;
+		}
+	}
+	if (snprintf(path, sizeof(path), "%s/snapshots/%s/layer", s->root,
+		     id) >= (int)sizeof(path) ||
+	    strlen(id) >= sizeof(fl->sizes[0].id))
+		return -ENAMETOOLONG;
+	ret = csi_tree_usage(path, bytes, &inodes);
+	if (ret)
+		return ret;
+	slot = fl->next_size++ % CSI_FLATTEN_SIZES;
+	strcpy(fl->sizes[slot].id, id);
+	fl->sizes[slot].bytes = *bytes;
+	return 0;
+}
+
 /*
  * Whether the store has room for J's merge: what the run's layers
  * allocate (an upper bound: data the filesystem shares costs less) and
  * a reserve for the volumes' own writes, which a merge must not starve.
  * 0, -ENOSPC when it has not (said so), or -errno.
  */
-static int csi_flatten_room(struct csi_store *s,
+static int csi_flatten_room(struct csi_plugin *p,
 			    const struct csi_flatten_job *j)
 {
+	struct csi_store *s = &p->store;
 	int64_t need = 0, avail, size, reserve;
-	char path[PATH_MAX];
 	int ret;
 
 	for (int i = 0; i < j->nrun; i++) {
-		int64_t bytes, inodes;
+		int64_t bytes;
 
 		/* the run is snapshots' layers only: csi_flatten_job_of */
-		if (snprintf(path, sizeof(path), "%s/snapshots/%s/layer",
-			     s->root, j->run[i] + 1) >= (int)sizeof(path))
-			return -ENAMETOOLONG;
-		ret = csi_tree_usage(path, &bytes, &inodes);
+		ret = csi_flatten_layer_bytes(p->flat, s, j->run[i] + 1, &bytes);
 		if (ret)
 			return ret;
 		need += bytes;
@@ -627,7 +665,7 @@ static int csi_flatten_one(struct csi_plugin *p, struct csi_flatten_job *j)
 	int ret;
 
 	clock_gettime(CLOCK_MONOTONIC, &t0);
-	ret = list ? csi_flatten_room(&p->store, j) : -ENOMEM;
+	ret = list ? csi_flatten_room(p, j) : -ENOMEM;
 	if (ret == -ENOSPC) {
 		free(list);
 		return 0;	/* put off, not failed: the next round tries */
