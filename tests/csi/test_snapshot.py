@@ -531,6 +531,8 @@ def test_stratactl_snapshots_and_clones(strata):
     assert r.returncode == 1 and "ABORTED" in r.stderr, r
     r = ctl("create-volume", "c", "--from-snapshot", sid)
     assert r.returncode == 0 and f"source snapshot {sid}" in r.stdout, r
+    # its chain named as `volume inspect` names it (below), "@" nowhere
+    assert f" layers snapshot:{sid},base " in r.stdout and "@" not in r.stdout, r
     r = ctl("create-volume", "d", "--from-volume", vid)
     assert r.returncode == 0 and f"source volume {vid}" in r.stdout, r
     r = ctl("create-volume", "e", "--from-volume", vid, "--from-snapshot", sid)
