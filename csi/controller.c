@@ -25,19 +25,14 @@ struct csi_volume_msg {
 	Csi__V1__Volume__VolumeContextEntry *ctxs[1];
 };
 
+/* The chain as users name its layers: the same as stratactl's inspect */
 static char *csi_join_layers(struct csi_reply *r, const struct csi_volume *v)
 {
-	size_t len = 1;
-	char *s;
+	size_t len = csi_chain_format(NULL, 0, v->layers, v->nlayers) + 1;
+	char *s = csi_alloc(r, len);
 
-	for (int i = 0; i < v->nlayers; i++)
-		len += strlen(v->layers[i]) + 1;
-	s = csi_alloc(r, len);
-	for (int i = 0; s && i < v->nlayers; i++) {
-		if (i)
-			strcat(s, ",");
-		strcat(s, v->layers[i]);
-	}
+	if (s)
+		csi_chain_format(s, len, v->layers, v->nlayers);
 	return s;
 }
 

@@ -316,8 +316,9 @@ int csi_client_call(struct csi_client *c, const char *method,
 		    ProtobufCMessage **out, enum csi_code *code,
 		    char **details, int timeout_ms);
 void csi_client_close(struct csi_client *c);
-/* reply.c: "NOT_FOUND", a status code as the spec spells it */
+/* reply.c: "NOT_FOUND", a status code as the spec spells it; a chain */
 const char *csi_code_name(enum csi_code code);
+size_t csi_chain_format(char *buf, size_t size, char *const *chain, size_t n);
 
 /* identity.c, controller.c, snapshot_rpc.c, node.c, admin.c: method tables, NULL-path terminated */
 extern const struct csi_method csi_identity_methods[];

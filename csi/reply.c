@@ -38,6 +38,30 @@ const char *csi_code_name(enum csi_code code)
 	return "UNKNOWN";
 }
 
+/*
+ * A volume's chain of N entries as users read it (volume_context, and
+ * stratactl's inspect): top first, comma separated, a snapshot's layer
+ * as "snapshot:<id>" rather than the record's "@<id>", a layer of
+ * layers/ by its name. Into BUF as snprintf writes: cut to SIZE, and
+ * the length of the whole returned.
+ */
+size_t csi_chain_format(char *buf, size_t size, char *const *chain, size_t n)
+{
+	size_t len = 0;
+
+	if (size)
+		buf[0] = '\0';
+	for (size_t i = 0; i < n; i++) {
+		bool snap = chain[i][0] == CSI_CHAIN_SNAPSHOT;
+
+		len += (size_t)snprintf(len < size ? buf + len : NULL,
+					len < size ? size - len : 0, "%s%s%s",
+					i ? "," : "", snap ? "snapshot:" : "",
+					chain[i] + snap);
+	}
+	return len;
+}
+
 void csi_reply_set(struct csi_reply *r, enum csi_code code,
 		   const char *fmt, ...)
 {

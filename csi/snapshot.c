@@ -278,54 +278,64 @@ int csi_snapshot_hide(struct csi_store *s, struct csi_snapshot *ss)
 }
 
 /*
- * A fresh upper for VID, owned and moded as the root of the one frozen,
- * made whole under a hidden name and renamed into place: a crash leaves
- * no upper (made again) or a whole one, never one of the wrong mode. One
- * that exists (a daemon's, after a live freeze) is left as it is, also
- * one made while this one was.
+ * A fresh upper for VID with the owner, mode, times and ACLs of the root
+ * of the one frozen, made whole under a hidden name and renamed into
+ * place: a crash leaves no upper (made again) or a whole one, never one
+ * of the wrong mode. One that exists (a daemon's, after a live freeze)
+ * is left as it is, also one made while this one was.
  */
 static int csi_snapshot_fresh_upper(struct csi_store *s, const char *vid,
 				    const char *layer)
 {
 	char upper[64], tmp[64];
 	struct stat st;
-	int fd, ret = 0;
+	int fd = -1, from, ret = 0;
 
 	snprintf(upper, sizeof(upper), "%s/upper", vid);
 	snprintf(tmp, sizeof(tmp), "%s/.upper.new", vid);
 	if (faccessat(s->volumes_fd, upper, F_OK, AT_SYMLINK_NOFOLLOW) == 0)
 		return 0;
-	if (fstatat(s->snapshots_fd, layer, &st, AT_SYMLINK_NOFOLLOW) < 0)
+	/* open for reading: its ACLs are xattrs, which O_PATH cannot read */
+	from = openat(s->snapshots_fd, layer, O_RDONLY | O_DIRECTORY |
+						 O_NOFOLLOW | O_CLOEXEC);
+	if (from < 0)
 		return -errno;
+	if (fstat(from, &st) < 0)
+		goto out_errno;
 	ret = strata_rmtree_at(s->volumes_fd, tmp);
 	if (ret && ret != -ENOENT)
-		return ret;
+		goto out;
 	if (mkdirat(s->volumes_fd, tmp, 0700) < 0)
-		return -errno;
-	/* the upper is the merged root: pods see its mode, owner and times */
+		goto out_errno;
+	/*
+	 * The upper is the merged root: pods see its mode, owner, times and
+	 * ACLs, and new entries inherit its default ACL.
+	 */
 	fd = openat(s->volumes_fd, tmp, O_RDONLY | O_DIRECTORY | O_NOFOLLOW |
 						O_CLOEXEC);
-	if (fd < 0)
-		return -errno;
-	ret = 0;
-	if (fchown(fd, st.st_uid, st.st_gid) < 0 ||
+	if (fd < 0 || fchown(fd, st.st_uid, st.st_gid) < 0 ||
 	    fchmod(fd, st.st_mode & 07777) < 0 ||
 	    futimens(fd, (struct timespec[]){ st.st_atim, st.st_mtim }) < 0)
-		ret = -errno;
-	close(fd);
+		goto out_errno;
+	ret = strata_acl_copy(from, fd);
 	if (ret)
-		return ret;
+		goto out;
 	/*
 	 * Never over one that appeared meanwhile: a rename would replace an
 	 * empty directory, and a daemon finishing a freeze its worker died
 	 * in makes the new upper itself and serves it at once (fuse/freeze.c).
 	 */
 	if (renameat2(s->volumes_fd, tmp, s->volumes_fd, upper,
-		      RENAME_NOREPLACE) == 0)
-		return 0;
-	if (errno != EEXIST)
-		return -errno;
-	return unlinkat(s->volumes_fd, tmp, AT_REMOVEDIR) < 0 ? -errno : 0;
+		      RENAME_NOREPLACE) == 0 ||
+	    (errno == EEXIST && unlinkat(s->volumes_fd, tmp, AT_REMOVEDIR) == 0))
+		goto out;
+out_errno:
+	ret = -errno;
+out:
+	if (fd >= 0)
+		close(fd);
+	close(from);
+	return ret;
 }
 
 /*

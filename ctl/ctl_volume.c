@@ -45,24 +45,13 @@ void ctl_fmt_size(char *buf, size_t size, int64_t bytes)
 	snprintf(buf, size, "%.1f%ci", v, units[u]);
 }
 
-/*
- * The chain, top first: "snapshot:ss-..." for a snapshot's layer (the
- * record's "@ss-..."), the name for a layer of layers/.
- */
+/* The chain as CreateVolume's volume_context names it; "-": none. */
 static void ctl_fmt_layers(char *buf, size_t size,
 			   const Strata__V1__VolumeState *s)
 {
-	size_t len = 0;
-
-	buf[0] = '\0';
-	for (size_t i = 0; i < s->n_layers && len < size; i++) {
-		const char *l = s->layers[i];
-		bool snap = l[0] == CSI_CHAIN_SNAPSHOT;
-
-		len += snprintf(buf + len, size - len, "%s%s%s", i ? "," : "",
-				snap ? "snapshot:" : "", l + snap);
-	}
-	if (!s->n_layers)
+	if (s->n_layers)
+		csi_chain_format(buf, size, s->layers, s->n_layers);
+	else
 		snprintf(buf, size, "-");
 }
 

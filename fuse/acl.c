@@ -23,7 +23,9 @@
  *    overlayfs does (ovl_set_acl). The kernel would pass that on as
  *    FUSE_SETXATTR_ACL_KILL_SGID, which libfuse 3.14 cannot take.
  *  - The workdir. Entries are built there, so it must hold no default
- *    ACL for them to inherit (ovl_workdir_create removes both of its own).
+ *    ACL for them to inherit (ovl_workdir_create removes both of its
+ *    own); super.c clears them with lib/acl.c, which also gives a
+ *    freeze's new upper root the old one's ACLs (freeze.c).
  *
  * The xattr format is the kernel's: struct posix_acl_xattr_header, then
  * struct posix_acl_xattr_entry per entry, little-endian.
@@ -31,14 +33,12 @@
 #define _GNU_SOURCE
 #include <endian.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <linux/capability.h>
 #include <linux/posix_acl.h>
 #include <linux/posix_acl_xattr.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/xattr.h>
 
 #include "stratafs.h"
 
@@ -46,12 +46,10 @@
 #define SFS_ACL_TRIES 4
 /* The first read's buffer: an ACL of 62 entries fits. */
 #define SFS_ACL_GUESS 500
-/* XATTR_SIZE_MAX: no ACL is bigger */
-#define SFS_ACL_MAX (64 * 1024)
 
 bool sfs_acl_is_name(const char *name)
 {
-	return !strcmp(name, SFS_ACL_ACCESS) || !strcmp(name, SFS_ACL_DEFAULT);
+	return !strcmp(name, STRATA_ACL_ACCESS) || !strcmp(name, STRATA_ACL_DEFAULT);
 }
 
 /* The number of entries of an ACL in xattr form, or -EINVAL. */
@@ -146,14 +144,14 @@ static int sfs_acl_read_default(struct sfs_node *dir, struct sfs_acl *a)
 		a->def = malloc(2 * size);
 		if (!a->def)
 			return -ENOMEM;
-		n = sfs_node_xattr_get(dir, SFS_ACL_DEFAULT, a->def, size);
+		n = sfs_node_xattr_get(dir, STRATA_ACL_DEFAULT, a->def, size);
 		if (n > 0) {
 			a->len = (size_t)n;
 			return 0;
 		}
 		sfs_acl_free(a);
 		if (n == -ERANGE)
-			n = sfs_node_xattr_get(dir, SFS_ACL_DEFAULT, NULL, 0);
+			n = sfs_node_xattr_get(dir, STRATA_ACL_DEFAULT, NULL, 0);
 		if (n > 0) {
 			size = (size_t)n;
 			n = -ERANGE;
@@ -208,9 +206,9 @@ int sfs_acl_set_new(const struct sfs_xpath *x, mode_t type,
 	int ret = 0;
 
 	if (a->access)
-		ret = sfs_xattr_set(x, SFS_ACL_ACCESS, a->access, a->len, 0);
+		ret = sfs_xattr_set(x, STRATA_ACL_ACCESS, a->access, a->len, 0);
 	if (ret == 0 && a->def && S_ISDIR(type))
-		ret = sfs_xattr_set(x, SFS_ACL_DEFAULT, a->def, a->len, 0);
+		ret = sfs_xattr_set(x, STRATA_ACL_DEFAULT, a->def, a->len, 0);
 	return ret == -EOPNOTSUPP ? 0 : ret;
 }
 
@@ -227,7 +225,7 @@ int sfs_acl_kill_sgid(fuse_req_t req, struct sfs_node *n, const char *name)
 	struct stat st;
 	int ret;
 
-	if (strcmp(name, SFS_ACL_ACCESS) || S_ISLNK(n->type))
+	if (strcmp(name, STRATA_ACL_ACCESS) || S_ISLNK(n->type))
 		return 0;
 	ret = sfs_node_stat(n, &st);
 	if (ret < 0 || !(st.st_mode & S_ISGID) ||
@@ -238,55 +236,5 @@ int sfs_acl_kill_sgid(fuse_req_t req, struct sfs_node *n, const char *name)
 		ret = sfs_fstat(sfs_upper(n), &st);
 	if (ret == 0 && (st.st_mode & S_ISGID))
 		ret = sfs_fd_chmod(sfs_upper(n), st.st_mode & 07777 & ~S_ISGID);
-	return ret;
-}
-
-static const char *const sfs_acl_names[] = { SFS_ACL_DEFAULT, SFS_ACL_ACCESS };
-#define SFS_ACL_NAMES (sizeof(sfs_acl_names) / sizeof(sfs_acl_names[0]))
-
-static int sfs_acl_remove(int fd, const char *name)
-{
-	if (fremovexattr(fd, name) < 0 && errno != ENODATA &&
-	    errno != EOPNOTSUPP)
-		return -errno;
-	return 0;
-}
-
-/*
- * The workdir's directories lose their own ACLs (DIRFD is one of them):
- * an entry built there would inherit the default one, and a copy-up of a
- * file without an ACL would keep what it inherited.
- */
-int sfs_acl_clear(int dirfd)
-{
-	int ret = 0;
-
-	for (size_t i = 0; i < SFS_ACL_NAMES && ret == 0; i++)
-		ret = sfs_acl_remove(dirfd, sfs_acl_names[i]);
-	return ret;
-}
-
-/*
- * Directory TO gets the ACLs of directory FROM and no others (it may
- * have inherited some where it was made): the freeze's new upper root
- * stands for the old one (freeze.c).
- */
-int sfs_acl_copy(int from, int to)
-{
-	char *buf = malloc(SFS_ACL_MAX);
-	int ret = buf ? 0 : -ENOMEM;
-
-	for (size_t i = 0; i < SFS_ACL_NAMES && ret == 0; i++) {
-		ssize_t n = fgetxattr(from, sfs_acl_names[i], buf, SFS_ACL_MAX);
-
-		if (n >= 0)
-			ret = fsetxattr(to, sfs_acl_names[i], buf, n, 0) < 0 ?
-				      -errno : 0;
-		else if (errno == ENODATA || errno == EOPNOTSUPP)
-			ret = sfs_acl_remove(to, sfs_acl_names[i]);
-		else
-			ret = -errno;
-	}
-	free(buf);
 	return ret;
 }

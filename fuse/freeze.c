@@ -577,7 +577,7 @@ static int sfs_freeze_make_upper(struct sfs_freeze *z)
 		ret = -ESTALE;	/* the workdir's way there leads elsewhere */
 	/* the old upper, renamed: still the root's attributes until now */
 	if (ret == 0)
-		ret = sfs_acl_copy(sfs->upper.fd, z->newfd);
+		ret = strata_acl_copy(sfs->upper.fd, z->newfd);
 	if (ret == 0) {
 		z->rootfd = dup(z->newfd);
 		if (z->rootfd < 0)

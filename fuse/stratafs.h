@@ -618,9 +618,6 @@ void sfs_op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size);
 void sfs_op_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name);
 
 /* acl.c */
-#define SFS_ACL_ACCESS "system.posix_acl_access"
-#define SFS_ACL_DEFAULT "system.posix_acl_default"
-
 /* The ACLs a new entry gets from its parent's default ACL (acl.c). */
 struct sfs_acl {
 	void *def;	/* the parent's default ACL, or NULL: none */
@@ -637,8 +634,6 @@ int sfs_acl_set_new(const struct sfs_xpath *x, mode_t type,
 		    const struct sfs_acl *a);
 void sfs_acl_free(struct sfs_acl *a);
 int sfs_acl_kill_sgid(fuse_req_t req, struct sfs_node *n, const char *name);
-int sfs_acl_clear(int dirfd);
-int sfs_acl_copy(int from, int to);
 
 /* whiteout.c */
 bool sfs_is_whiteout(const struct stat *st);

@@ -341,10 +341,10 @@ static int sfs_setup_work(struct sfs_fs *fs)
 		ret = -errno;
 		goto out_err;
 	}
-	/* entries are built in work/ and renamed into index/ (acl.c) */
-	ret = sfs_acl_clear(fs->tmpfd);
+	/* entries are built in work/ and renamed into index/ (fuse/acl.c) */
+	ret = strata_acl_clear(fs->tmpfd);
 	if (ret == 0)
-		ret = sfs_acl_clear(fs->indexfd);
+		ret = strata_acl_clear(fs->indexfd);
 	if (ret < 0)
 		goto out_err;
 	/* The markers live in xattrs: refuse an upper that cannot hold them. */

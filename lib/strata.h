@@ -103,4 +103,10 @@ DIR *strata_opendir_at(int dirfd, const char *name);
 int strata_lock_file(int dirfd, const char *name);
 void strata_unlock_file(int dirfd, const char *name, int fd);
 
+/* acl.c: the POSIX ACLs, by their xattr names */
+#define STRATA_ACL_ACCESS "system.posix_acl_access"
+#define STRATA_ACL_DEFAULT "system.posix_acl_default"
+int strata_acl_clear(int dirfd);
+int strata_acl_copy(int from, int to);
+
 #endif

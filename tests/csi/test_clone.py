@@ -22,7 +22,8 @@ def test_clone_of_a_snapshot(csi, kubelet, strata):
     assert vol.content_source.snapshot.snapshot_id == sid
     cid = vol.volume_id
     assert chain(strata, cid) == ["@" + sid, "base"]
-    assert dict(vol.volume_context)["layers"] == "@%s,base" % sid
+    # the chain as users name it, not the record's "@<id>"
+    assert dict(vol.volume_context)["layers"] == "snapshot:%s,base" % sid
     assert contents(kubelet, cid, ["f", "lower.txt"])["f"] == "v1\n"
     # writes on either side stay there
     fill(kubelet, cid, {"f": "clone\n", "c-only": "c\n"})
@@ -48,6 +49,11 @@ def test_clone_of_a_volume(csi, kubelet, strata):
     # a hidden snapshot under both, in no list
     (top,) = [e for e in chain(strata, cid) if e.startswith("@")]
     assert chain(strata, src)[0] == top
+    ctx = dict(r.reply.volume.volume_context)
+    assert ctx["layers"] == "snapshot:%s,base" % top[1:], ctx
+    (listed,) = [e.volume for e in csi.ListVolumes().reply.entries
+                 if e.volume.volume_id == cid]
+    assert dict(listed.volume_context) == ctx
     assert list(csi.ListSnapshots().reply.entries) == []
     assert csi.GetSnapshot(snapshot_id=top[1:]).code == "NOT_FOUND"
     assert clone(csi, "x", snapshot=top[1:]).code == "NOT_FOUND"

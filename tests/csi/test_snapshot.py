@@ -6,6 +6,7 @@ removal, restarts, and kill points at every step of taking one."""
 
 import json
 import os
+import subprocess
 import time
 
 import pytest
@@ -63,6 +64,36 @@ def test_create_get_list_delete(csi, kubelet, strata):
     assert snapshot_dirs(strata) == []
     # deleting what is gone is done
     assert csi.DeleteSnapshot(snapshot_id=sid).code == "OK"
+
+
+def getfacl(path):
+    return subprocess.run(["getfacl", "-n", "--omit-header", path],
+                          capture_output=True, text=True, check=True).stdout
+
+
+def test_root_acls_outlive_a_snapshot_of_an_unstaged_volume(csi, kubelet,
+                                                            strata):
+    """Unstaged, the plugin freezes the volume itself: the fresh upper is
+    the merged root, so it has the old root's ACLs, and new entries go on
+    inheriting its default ACL, as after a daemon's live freeze."""
+    vid = kubelet.create("acl")
+    st = kubelet.stage(vid, kubelet.env.staging("acl-1"))
+    subprocess.run(["setfacl", "-m", "u:3001:r-x,d:u:3002:rwx", st],
+                   check=True)
+    acl = getfacl(st)
+    assert "user:3001:r-x" in acl and "default:user:3002:rwx" in acl, acl
+    kubelet.unstage(vid, st)
+    sid = snap(csi, "s", vid)
+    assert chain(strata, vid) == ["@" + sid, "base"]
+    upper = strata.path("volumes", vid, "upper")
+    assert os.listdir(upper) == [] and getfacl(upper) == acl
+    st = kubelet.stage(vid, kubelet.env.staging("acl-2"))
+    assert getfacl(st) == acl
+    write_file(os.path.join(st, "f"), "new\n")
+    os.mkdir(os.path.join(st, "d"))
+    assert "user:3002:rwx" in getfacl(os.path.join(st, "f"))
+    assert "default:user:3002:rwx" in getfacl(os.path.join(st, "d"))
+    kubelet.unstage(vid, st)
 
 
 def sizes(csi, sid):
@@ -481,7 +512,6 @@ def test_killed_while_removing(env, strata):
 # stratactl snapshot create|list|rm, create-volume --from-*
 
 def test_stratactl_snapshots_and_clones(strata):
-    import subprocess
     from csitest import stratactl_binary
 
     def ctl(*args):
@@ -501,6 +531,8 @@ def test_stratactl_snapshots_and_clones(strata):
     assert r.returncode == 1 and "ABORTED" in r.stderr, r
     r = ctl("create-volume", "c", "--from-snapshot", sid)
     assert r.returncode == 0 and f"source snapshot {sid}" in r.stdout, r
+    # its chain named as `volume inspect` names it (below), "@" nowhere
+    assert f" layers snapshot:{sid},base " in r.stdout and "@" not in r.stdout, r
     r = ctl("create-volume", "d", "--from-volume", vid)
     assert r.returncode == 0 and f"source volume {vid}" in r.stdout, r
     r = ctl("create-volume", "e", "--from-volume", vid, "--from-snapshot", sid)

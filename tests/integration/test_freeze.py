@@ -19,8 +19,8 @@ import time
 import pytest
 
 from strata_common import assert_layer_size, control_call, control_usage
-from stratatest import (Union, assert_same, run, snapshot_tree,
-                        snapshot_upper)
+from stratatest import (Union, assert_same, is_mounted, lazy_umount, run,
+                        snapshot_tree, snapshot_upper)
 from test_tmpfile import name_it
 from test_worker import worker_of
 
@@ -215,6 +215,21 @@ def test_freeze_content_and_later_writes(stratafs_only, tmp_path):
     assert_stack_agrees(stratafs_only, u, [frozen], "1")
 
 
+def freeze_to_death(u, newdir):
+    """freeze NEWDIR on a daemon told to kill its worker in the freeze
+    (STRATAFS_CRASH_AFTER): asked until no answer comes."""
+    for _ in range(200):
+        try:
+            status, text = control_call(u.sock, "freeze", str(newdir),
+                                        timeout=60)
+        except (OSError, ValueError):
+            return                  # no answer: it died
+        # a passthrough handle's RELEASE, sent after close(2), not in yet
+        assert status == -errno.EBUSY and "passthrough" in text, text
+        time.sleep(0.01)
+    pytest.fail("the worker did not die in the freeze")
+
+
 @pytest.mark.skipif(not supervised(),
                     reason="without a supervisor a dead daemon's mount is gone")
 @pytest.mark.parametrize("point,said", [
@@ -236,17 +251,7 @@ def test_a_freeze_its_worker_died_in_is_finished(stratafs_only, tmp_path,
     upper_ino = os.stat(u.upper).st_ino
     old = worker_of(u)
     frozen = tmp_path / "frozen"
-    for _ in range(200):
-        try:
-            status, text = control_call(u.sock, "freeze", str(frozen),
-                                        timeout=60)
-        except (OSError, ValueError):
-            break                   # no answer: it died
-        # a passthrough handle's RELEASE, sent after close(2), not in yet
-        assert status == -errno.EBUSY and "passthrough" in text, text
-        time.sleep(0.01)
-    else:
-        pytest.fail("the worker did not die in the freeze")
+    freeze_to_death(u, frozen)
     worker_of(u, old)
     assert view(u.mnt) == view_then
     assert os.stat(frozen).st_ino == upper_ino
@@ -256,6 +261,71 @@ def test_a_freeze_its_worker_died_in_is_finished(stratafs_only, tmp_path,
     told = [line for line in u.stderr().splitlines() if said in line]
     assert len(told) == 1 and str(frozen) in told[0], u.stderr()
     assert_stack_agrees(stratafs_only, u, [frozen], "1")
+
+
+@pytest.mark.skipif(not supervised(),
+                    reason="without a supervisor a dead daemon's mount is gone")
+def test_a_freeze_that_cannot_be_finished(stratafs_only, tmp_path):
+    """The worker killed once the upper was renamed, and the next one
+    cannot make the new upper: its filesystem has no inode left (the
+    rename took none). No worker may serve then, or the frozen layer
+    would be written as the upper: each says why in the log and ends,
+    the supervisor gives up as for any worker that cannot start, and the
+    mount fails (ENOTCONN) rather than hang. The frozen layer is as the
+    upper was; with room again, the stack the freeze was making (a fresh
+    upper over it, as the CSI plugin finishes a snapshot) serves the
+    view that was frozen, and writes go to the new upper."""
+    t = stratafs_only.mount_tmpfs("small", "8m", "nr_inodes=256")
+    u = mount(stratafs_only, tmp_path, upper_dir=os.path.join(t, "upper"),
+              work_dir=os.path.join(t, "work"),
+              env=dict(os.environ, STRATAFS_CRASH_AFTER="freeze.moved"))
+    before_freeze(u)
+    upper_then = snapshot_upper(u.upper)
+    view_then = view(u.mnt)
+    fill = os.path.join(t, "fill")
+    os.mkdir(fill)
+    for n in range(1000):
+        try:
+            os.close(os.open(os.path.join(fill, str(n)),
+                             os.O_WRONLY | os.O_CREAT, 0o644))
+        except OSError as e:
+            assert e.errno == errno.ENOSPC
+            break
+    else:
+        pytest.fail("the tmpfs has inodes without end")
+    # a directory of the mount, open across the freeze
+    held = os.open(u.mnt, os.O_RDONLY | os.O_DIRECTORY)
+    frozen = os.path.join(t, "frozen")
+    try:
+        freeze_to_death(u, frozen)
+        assert u.proc.wait(60) == 1
+        with pytest.raises(OSError) as e:
+            os.close(os.open("after", os.O_WRONLY | os.O_CREAT, 0o644,
+                             dir_fd=held))
+        assert e.value.errno in (errno.ENOTCONN, errno.ECONNABORTED), e.value
+    finally:
+        os.close(held)
+    u.mounted = False
+    if is_mounted(u.mnt):
+        lazy_umount(u.mnt)
+    err = u.stderr()
+    # each worker in turn, until young deaths in a row end the supervisor
+    told = [line for line in err.splitlines() if "cannot be finished" in line]
+    assert told, err
+    assert all(frozen in line and "No space left on device" in line
+               for line in told), told
+    assert "giving up" in err
+    # nothing half made, nothing written where the layer is
+    assert snapshot_upper(frozen) == upper_then
+    assert not os.path.exists(u.upper)
+    shutil.rmtree(fill)
+    os.mkdir(u.upper)
+    os.chmod(u.upper, stat.S_IMODE(os.stat(frozen).st_mode))
+    r = remount_frozen(stratafs_only, u, [frozen] + u.lowers)
+    assert view(r.mnt) == view_then
+    after_freeze(r)
+    assert snapshot_upper(frozen) == upper_then
+    assert os.path.exists(r.upath("new", "after"))
 
 
 @holds_handles

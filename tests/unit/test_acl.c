@@ -113,7 +113,7 @@ static void set_default(struct fixture *fx, const char *path,
 {
 	int fd = openat(fx->fd, path, O_RDONLY | O_DIRECTORY);
 
-	CHECK_EQ_INT(fsetxattr(fd, SFS_ACL_DEFAULT, b, len, 0), 0);
+	CHECK_EQ_INT(fsetxattr(fd, STRATA_ACL_DEFAULT, b, len, 0), 0);
 	close(fd);
 }
 
@@ -133,9 +133,9 @@ static void test_inherit(void)
 	/* the workdir's default ACL must reach nothing built there */
 	set_default(&fx, "w", &b, len);
 	CHECK_EQ_INT(sfs_setup(&fx.fs), 0);
-	CHECK_EQ_INT(fgetxattr(fx.fs.tmpfd, SFS_ACL_DEFAULT, NULL, 0), -1);
+	CHECK_EQ_INT(fgetxattr(fx.fs.tmpfd, STRATA_ACL_DEFAULT, NULL, 0), -1);
 	CHECK_EQ_INT(errno, ENODATA);
-	CHECK_EQ_INT(fgetxattr(fx.fs.indexfd, SFS_ACL_ACCESS, NULL, 0), -1);
+	CHECK_EQ_INT(fgetxattr(fx.fs.indexfd, STRATA_ACL_ACCESS, NULL, 0), -1);
 
 	fx_dir(&fx, "l1/plain");
 	fx_dir(&fx, "l1/acl");
@@ -209,17 +209,17 @@ static void test_copy(void)
 	fx_dir(&fx, "to");
 	from = openat(fx.fd, "from", O_RDONLY | O_DIRECTORY);
 	to = openat(fx.fd, "to", O_RDONLY | O_DIRECTORY);
-	CHECK_EQ_INT(fsetxattr(from, SFS_ACL_ACCESS, &b, len, 0), 0);
-	CHECK_EQ_INT(fsetxattr(to, SFS_ACL_DEFAULT, &b, len, 0), 0);
-	CHECK_EQ_INT(sfs_acl_copy(from, to), 0);
-	CHECK_EQ_INT(fgetxattr(to, SFS_ACL_ACCESS, &got, sizeof(got)),
+	CHECK_EQ_INT(fsetxattr(from, STRATA_ACL_ACCESS, &b, len, 0), 0);
+	CHECK_EQ_INT(fsetxattr(to, STRATA_ACL_DEFAULT, &b, len, 0), 0);
+	CHECK_EQ_INT(strata_acl_copy(from, to), 0);
+	CHECK_EQ_INT(fgetxattr(to, STRATA_ACL_ACCESS, &got, sizeof(got)),
 		     (long long)len);
 	CHECK(!memcmp(&got, &b, len));
-	CHECK_EQ_INT(fgetxattr(to, SFS_ACL_DEFAULT, NULL, 0), -1);
+	CHECK_EQ_INT(fgetxattr(to, STRATA_ACL_DEFAULT, NULL, 0), -1);
 	/* and back: none is none */
-	CHECK_EQ_INT(fremovexattr(from, SFS_ACL_ACCESS), 0);
-	CHECK_EQ_INT(sfs_acl_copy(from, to), 0);
-	CHECK_EQ_INT(fgetxattr(to, SFS_ACL_ACCESS, NULL, 0), -1);
+	CHECK_EQ_INT(fremovexattr(from, STRATA_ACL_ACCESS), 0);
+	CHECK_EQ_INT(strata_acl_copy(from, to), 0);
+	CHECK_EQ_INT(fgetxattr(to, STRATA_ACL_ACCESS, NULL, 0), -1);
 	CHECK_EQ_INT(errno, ENODATA);
 	close(from);
 	close(to);
