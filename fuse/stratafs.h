@@ -884,6 +884,8 @@ struct sfs_fdset {
 
 /* A worker's exit status when it stopped to be replaced. */
 #define SFS_WORKER_REPLACED 75
+/* ... and when it could not take over from the one before. */
+#define SFS_WORKER_UNFIT 76
 
 int sfs_fd_each(int (*fn)(int fd, void *arg), void *arg);
 int sfs_fdset_own(struct sfs_fdset *s);

@@ -28,9 +28,10 @@
  * supervisor asks the kernel to send again the requests the worker had
  * taken and not answered (FUSE_NOTIFY_RESEND, Linux 6.9), and clones a
  * new one; a request sent again finds its work done, or not, and never
- * half done (sfs_req_resent). A worker that dies young SFS_MAX_QUICK
- * times in a row is a request that kills every worker: the supervisor
- * then gives up, which aborts the connection, rather than loop.
+ * half done (sfs_req_resent). A worker that dies young (or could not
+ * take over) SFS_MAX_QUICK times in a row is a request or a state that
+ * kills every worker: the supervisor then gives up, which aborts the
+ * connection, rather than loop.
  *
  * SIGHUP replaces the worker on purpose, to upgrade stratafs in place:
  * the worker is told to stop (SIGUSR1), finishes what it is serving, and
@@ -232,8 +233,14 @@ static int sfs_super_exec(struct sfs_super *sv, const char *bin, int fd,
 /* The worker is gone: what now. 1 when the supervisor is done too. */
 static int sfs_super_reaped(struct sfs_super *sv, int status, int *ret)
 {
+	/*
+	 * One that could not take over never served, however long that
+	 * took (a loaded machine): the next would fail as it did.
+	 */
 	bool young = sfs_now_ns() - (sv->born.tv_sec * 1000000000LL +
-				     sv->born.tv_nsec) < SFS_QUICK_NS;
+				     sv->born.tv_nsec) < SFS_QUICK_NS ||
+		     (WIFEXITED(status) &&
+		      WEXITSTATUS(status) == SFS_WORKER_UNFIT);
 	int err;
 
 	sv->worker = 0;
@@ -256,9 +263,9 @@ static int sfs_super_reaped(struct sfs_super *sv, int status, int *ret)
 				   WEXITSTATUS(status));
 		sv->quick = young ? sv->quick + 1 : 0;
 		if (sv->quick >= SFS_MAX_QUICK) {
-			strata_err("%d workers in a row died within a second: "
-				   "giving up; the mount fails until it is "
-				   "mounted again", sv->quick);
+			strata_err("%d workers in a row died within a second "
+				   "or before they served: giving up; the mount "
+				   "fails until it is mounted again", sv->quick);
 			*ret = 1;
 			return 1;
 		}

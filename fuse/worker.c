@@ -220,7 +220,8 @@ out_io:
 /*
  * The worker's life, in the child the supervisor cloned: the exit status
  * (0 when the session ended, SFS_WORKER_REPLACED when stopped to be
- * replaced). TAKEOVER: a worker ran before this one.
+ * replaced, SFS_WORKER_UNFIT when it could not take over). TAKEOVER: a
+ * worker ran before this one.
  */
 int sfs_worker_run(struct fuse_session *se, const sigset_t *mask,
 		   pid_t supervisor, bool takeover,
@@ -239,7 +240,7 @@ int sfs_worker_run(struct fuse_session *se, const sigset_t *mask,
 		if (ret < 0) {
 			strata_err("taking over from the worker before: %s",
 				   strerror(-ret));
-			return 1;
+			return SFS_WORKER_UNFIT;
 		}
 	}
 	if (fuse_set_signal_handlers(se) < 0 || sigaction(SIGUSR1, &sa, NULL) < 0)

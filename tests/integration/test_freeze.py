@@ -314,7 +314,11 @@ def test_a_freeze_that_cannot_be_finished(stratafs_only, tmp_path):
     assert told, err
     assert all(frozen in line and "No space left on device" in line
                for line in told), told
-    assert "giving up" in err
+    # each ended as unfit (SFS_WORKER_UNFIT), which counts towards giving
+    # up however long its takeover took (the killed one may count too)
+    assert err.count("worker exited with status 76") in (4, 5), err
+    assert ("5 workers in a row died within a second or before they "
+            "served: giving up") in err
     # nothing half made, nothing written where the layer is
     assert snapshot_upper(frozen) == upper_then
     assert not os.path.exists(u.upper)
