@@ -108,8 +108,21 @@ def test_passthrough_and_cached_handles_of_one_file_agree(stratafs_only,
     finally:
         reader.close()
     st = os.stat(u.path("f"))
-    with open(u.path("f"), "r+b") as w:           # alone now: passthrough
-        w.write(b"PT!")
+    # alone now: passthrough, once the reader's RELEASE is in (it comes
+    # after close(2); before it, the daemon serves the writer as it
+    # serves the reader, and the page cache gets the new bytes). The
+    # kernel wrote it itself when no WRITE reached the daemon.
+    for _ in range(200):
+        writes = requests(u, "WRITE")
+        with open(u.path("f"), "r+b") as w:
+            w.write(b"PT!")
+            w.flush()
+            os.fsync(w.fileno())
+        if requests(u, "WRITE") == writes:
+            break
+        time.sleep(0.01)
+    else:
+        pytest.fail("no writer was given passthrough")
     # the old times hide the change from the kernel's own check (mtime)
     os.utime(u.path("f"), ns=(st.st_atime_ns, st.st_mtime_ns))
     # frozen into a lower layer, the file is the daemon's again: an open
