@@ -143,7 +143,6 @@ static int sfs_super_start(struct sfs_super *sv)
 	sv->worker = pid;
 	sv->started = true;
 	clock_gettime(CLOCK_MONOTONIC, &sv->born);
-	strata_info("worker %d serves the mount", (int)pid);
 	return 0;
 }
 

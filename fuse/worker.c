@@ -243,6 +243,8 @@ int sfs_worker_run(struct fuse_session *se, const sigset_t *mask,
 			return SFS_WORKER_UNFIT;
 		}
 	}
+	/* said here, not at the clone: one that cannot take over never did */
+	strata_info("worker %d serves the mount", (int)getpid());
 	if (fuse_set_signal_handlers(se) < 0 || sigaction(SIGUSR1, &sa, NULL) < 0)
 		return 1;
 	sigprocmask(SIG_SETMASK, mask, NULL);
