@@ -215,6 +215,24 @@ def test_freeze_content_and_later_writes(stratafs_only, tmp_path):
     assert_stack_agrees(stratafs_only, u, [frozen], "1")
 
 
+def freeze_killed(u, newdir):
+    """freeze NEWDIR on U, mounted with STRATAFS_CRASH_AFTER at a point of
+    the freeze: returns once the next worker serves."""
+    old = worker_of(u)
+    for _ in range(200):
+        try:
+            status, text = control_call(u.sock, "freeze", str(newdir),
+                                        timeout=60)
+        except (OSError, ValueError):
+            break                   # no answer: it died
+        # a passthrough handle's RELEASE, sent after close(2), not in yet
+        assert status == -errno.EBUSY and "passthrough" in text, text
+        time.sleep(0.01)
+    else:
+        pytest.fail("the worker did not die in the freeze")
+    worker_of(u, old)
+
+
 @pytest.mark.skipif(not supervised(),
                     reason="without a supervisor a dead daemon's mount is gone")
 @pytest.mark.parametrize("point,said", [
@@ -234,20 +252,8 @@ def test_a_freeze_its_worker_died_in_is_finished(stratafs_only, tmp_path,
     upper_then = snapshot_upper(u.upper)
     view_then = view(u.mnt)
     upper_ino = os.stat(u.upper).st_ino
-    old = worker_of(u)
     frozen = tmp_path / "frozen"
-    for _ in range(200):
-        try:
-            status, text = control_call(u.sock, "freeze", str(frozen),
-                                        timeout=60)
-        except (OSError, ValueError):
-            break                   # no answer: it died
-        # a passthrough handle's RELEASE, sent after close(2), not in yet
-        assert status == -errno.EBUSY and "passthrough" in text, text
-        time.sleep(0.01)
-    else:
-        pytest.fail("the worker did not die in the freeze")
-    worker_of(u, old)
+    freeze_killed(u, frozen)
     assert view(u.mnt) == view_then
     assert os.stat(frozen).st_ino == upper_ino
     assert os.listdir(u.upper) == []

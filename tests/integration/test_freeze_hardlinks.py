@@ -10,9 +10,12 @@ import os
 import stat
 import threading
 
+import pytest
+
 from stratatest import read_bytes
 from test_freeze import (assert_stack_agrees, drained_freeze, freeze,
-                         holds_handles, mount, unchanged, view)
+                         freeze_killed, holds_handles, mount, supervised,
+                         unchanged, view)
 from test_index import view as names_view
 
 # one lower file, six names: three the view shows once the lower dir mv
@@ -63,11 +66,11 @@ def assert_linked(u, layer, data):
     assert index_files(u) == []
 
 
-def prepared(stratafs_only, tmp_path):
+def prepared(stratafs_only, tmp_path, **kw):
     """The volume with the file written through one name, its copy in
     the index only, the other names still reaching it through the lower
     file's."""
-    u = mount(stratafs_only, tmp_path, lowers=(TOP, BOTTOM))
+    u = mount(stratafs_only, tmp_path, lowers=(TOP, BOTTOM), **kw)
     os.rename(u.path("mv"), u.path("mv2"))
     os.unlink(u.path("gone/third"))
     with open(u.path("h/first"), "a") as f:
@@ -108,6 +111,18 @@ def test_hard_links_are_linked_up_and_frozen(stratafs_only, tmp_path):
     assert_stack_agrees(stratafs_only, u, [f2, f1], "hl",
                         lambda m: (view(m), names_view(m, NAMES)),
                         ["index=on"])
+
+
+@pytest.mark.skipif(not supervised(),
+                    reason="without a supervisor a dead daemon's mount is gone")
+def test_a_freeze_its_worker_died_in_drops_the_index(stratafs_only,
+                                                     tmp_path):
+    """The worker killed once the new upper was made, before the index
+    entries went: the next one finishes the freeze, and they go then."""
+    u = prepared(stratafs_only, tmp_path,
+                 env={"STRATAFS_CRASH_AFTER": "freeze.made"})
+    freeze_killed(u, tmp_path / "frozen")
+    assert_linked(u, tmp_path / "frozen", b"lower data\nwritten before\n")
 
 
 @holds_handles
