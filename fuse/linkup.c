@@ -103,6 +103,7 @@ static int sfs_linkup_nlink(const char *name, const struct stat *st,
 /* One index entry: its names' number goes in LU when it is unsettled. */
 static int sfs_linkup_entry(struct sfs_linkup *lu, const char *name)
 {
+	struct sfs_xpath x;
 	struct sfs_fh fh;
 	struct stat st, lst;
 	uint64_t ino;
@@ -126,20 +127,30 @@ static int sfs_linkup_entry(struct sfs_linkup *lu, const char *name)
 		return sfs_linkup_unresolved(lu, name, "names a lower file that "
 					     "no lower layer holds", true);
 	ret = sfs_fstat(fd, &lst);
-	close(fd);
 	if (ret < 0)
-		return ret;
+		goto out;
 	/* no usable count reads as the real one, as the kernel falls back */
 	nlink = sfs_linkup_nlink(name, &st, &lst);
 	if (nlink < 0)
 		nlink = st.st_nlink;
 	if ((nlink_t)nlink < st.st_nlink)
-		return 0;
+		goto out;
+	/*
+	 * The numbers its names show: the lower file's, or, in a layer a
+	 * freeze made, the one a copy-up kept on it (sfs_lower_ino); and
+	 * the one the node that copied it up had.
+	 */
 	lu->entries++;
 	ret = sfs_linkup_add(lu, sfs_ino_compose(sfs->lower[layer].fsid,
 						 lst.st_ino));
+	if (ret == 0 && !S_ISLNK(lst.st_mode) && sfs_xpath_fd(&x, fd) == 0 &&
+	    sfs_xattr_get(&x, sfs->xattr_ino, &ino, sizeof(ino)) ==
+		    sizeof(ino))
+		ret = sfs_linkup_add(lu, ino);
 	if (ret == 0 && sfs_ino_xattr_get(sfs->indexfd, name, &ino) > 0)
 		ret = sfs_linkup_add(lu, ino);
+out:
+	close(fd);
 	return ret;
 }
 
