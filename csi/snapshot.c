@@ -750,7 +750,8 @@ static int csi_snapshot_freeze_live(struct csi_store *s, const char *vid,
  * "strata-index" of older daemons) names anything: its entries are files
  * of the upper, and a fresh upper would lose the link between a copied-up
  * hard link and its other names, which would show the old data again.
- * The daemon refuses a live freeze for the same reason.
+ * A live freeze has the volume's daemon link those names into the upper
+ * first (fuse/linkup.c); an unstaged volume has no daemon to do it.
  */
 static int csi_snapshot_index_used(struct csi_store *s, const char *vid)
 {

@@ -374,7 +374,7 @@ int sfs_copy_up_name(struct sfs_node *dir, const char *name,
 		     struct sfs_node *n)
 {
 	char path[64];
-	struct stat st;
+	struct stat st, ust;
 	int dirfd, ret;
 
 	ret = sfs_copy_up(dir);
@@ -391,8 +391,14 @@ int sfs_copy_up_name(struct sfs_node *dir, const char *name,
 			return ret;
 	}
 	sfs_proc_path(sfs_upper(n), path, sizeof(path));
-	if (linkat(AT_FDCWD, path, dirfd, name, AT_SYMLINK_FOLLOW) < 0)
-		return -errno;
+	if (linkat(AT_FDCWD, path, dirfd, name, AT_SYMLINK_FOLLOW) < 0) {
+		ret = -errno;
+		/* a freeze linking names up may have come first (linkup.c) */
+		if (ret != -EEXIST || sfs_fstat(sfs_upper(n), &ust) < 0 ||
+		    fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0 ||
+		    st.st_ino != ust.st_ino || st.st_dev != ust.st_dev)
+			return ret;
+	}
 	/* one more real link, no more names in view: the count moves */
 	if (n->indexed)
 		return sfs_index_nlink_add(n, 0) < 0 ? -EIO : 0;

@@ -471,7 +471,9 @@ static int sfs_remove(struct sfs_node *dir, const char *name, bool isdir,
 		sfs_usage_seed(dir, dirfd);
 		ret = sfs_whiteout_create(dirfd, name);
 		sfs_usage_track(dir, dirfd);
-		return ret;
+		/* a freeze may have linked the name up meanwhile (linkup.c) */
+		if (ret != -EEXIST)
+			return ret;
 	}
 	if (positive)
 		return sfs_whiteout_replace(dirfd, name);

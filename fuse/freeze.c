@@ -5,9 +5,10 @@
  * upper as it is now a read-only layer at NEWDIR, and the mount goes on
  * on a fresh, empty upper at the old path:
  *
- *  1. syncfs on the mount (what shared mappings wrote comes here) and on
- *     the upper, while requests still flow, so that little is left to
- *     write back later;
+ *  1. the names of hard-linked files linked up (below), then syncfs on
+ *     the mount (what shared mappings wrote comes here) and on the
+ *     upper, while requests still flow, so that little is left to write
+ *     back later;
  *  2. the gate closes (gate.c): new requests wait, and those in flight
  *     finish, their replies sent;
  *  3. the upper directory is renamed to NEWDIR (a rename keeps every
@@ -15,7 +16,8 @@
  *     is made at the old path and opened, and the old one, through the
  *     descriptor the daemon already holds, becomes the top lower layer;
  *  4. every node and open file is fixed up (below), in memory only: the
- *     window costs a walk of the node table and no per-file I/O;
+ *     window costs a walk of the node table and no per-file I/O, but
+ *     for the hard-link index's entries (below);
  *  5. the gate opens; NEWDIR is synced once more, outside the window.
  *
  * The answer is "layer=NEWDIR bytes=N": N is what the frozen layer
@@ -26,6 +28,14 @@
  * its whiteouts and opaque directories keep hiding what is below them:
  * NEWDIR:<old lowers> under the new upper shows what the mount shows,
  * to stratafs and to the kernel's overlayfs alike.
+ *
+ * Hard links. A lower layer has no index, so a name that reaches a copy
+ * in the workdir's hard-link index through its lower name would show the
+ * lower file's old data once frozen. Such names are linked into the
+ * upper first (linkup.c): the bulk in step 1, while requests flow, and
+ * what is left of it, appeared since, once the gate is closed; the index
+ * entries then refer to files of the frozen layer, all of whose names
+ * are there, and go once the upper has moved.
  *
  * Nodes. An entry in the upper becomes one in lower layer 1, and every
  * lower entry's layer moves down by one. A directory's frozen entry goes
@@ -61,7 +71,6 @@
  * memory with no system call, leaves nodes half moved: not recovered.
  */
 #define _GNU_SOURCE
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -339,44 +348,15 @@ static int sfs_freeze_pass_open(int *writers)
 	return count;
 }
 
-/* 1 when the workdir's hard-link index holds anything, 0, or -errno. */
-static int sfs_freeze_index_used(void)
-{
-	struct dirent *de;
-	int used = 0;
-	DIR *d;
-
-	if (sfs->indexfd < 0)
-		return 0;
-	d = strata_opendir_at(sfs->indexfd, ".");
-	if (!d)
-		return -errno;
-	while (!used && (de = readdir(d)))
-		used = strcmp(de->d_name, ".") && strcmp(de->d_name, "..");
-	closedir(d);
-	return used;
-}
-
 /*
  * What may change while requests run, checked again once none does:
- * the index and passthrough writers.
+ * passthrough writers, and names a freeze would leave reaching a file
+ * of the hard-link index through its lower name (linkup.c).
  */
 static int sfs_freeze_check_busy(struct sfs_freeze *z)
 {
-	int ret = sfs_freeze_index_used(), open, writers;
+	int open, writers;
 
-	if (ret < 0) {
-		sfs_freeze_msg(z, "reading the workdir's index: %s",
-			       strerror(-ret));
-		return ret;
-	}
-	if (ret) {
-		sfs_freeze_msg(z, "the workdir's hard-link index is not empty: "
-			       "it refers to files of the upper, which a "
-			       "freeze would move; freeze a volume without "
-			       "copied-up hard links");
-		return -EBUSY;
-	}
 	open = sfs_freeze_pass_open(&writers);
 	if (open) {
 		sfs_freeze_msg(z, "%d passthrough handle%s open on upper files "
@@ -387,7 +367,7 @@ static int sfs_freeze_check_busy(struct sfs_freeze *z)
 			       writers);
 		return -EBUSY;
 	}
-	return 0;
+	return sfs_linkup(z->out, z->size);
 }
 
 /* NEWDIR: absolute, missing, its parent there and on the upper's fs. */
@@ -680,6 +660,8 @@ static int sfs_freeze(struct sfs_freeze *z)
 	/* what no request owns: none is in flight to finish it */
 	if (sfs_tmp_clear() < 0)
 		strata_warn("freeze: clearing the workdir's temporary entries");
+	/* every name is linked up: the entries are the frozen layer's files */
+	sfs_linkup_drop();
 	sfs_freeze_switch(z);
 	counted = sfs_usage_recount(&z->bytes);
 	if (counted < 0)
@@ -787,6 +769,8 @@ int sfs_freeze_takeover(struct sfs_fdset *keep)
 		sfs_freeze_msg(&z, "no memory for the nodes' layers");
 		goto out_err;
 	}
+	/* the upper moved only once every name was linked up (linkup.c) */
+	sfs_linkup_drop();
 	sfs_freeze_switch(&z);
 	sfs_fdset_add(keep, sfs->upper.fd);
 	sfs_fdset_add(keep, sfs->root->up.fd);

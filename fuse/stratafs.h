@@ -805,6 +805,10 @@ void sfs_gate_put(void);
 int sfs_gate_close(int timeout_ms);
 void sfs_gate_open(void);
 
+/* linkup.c: the hard-link index before a freeze */
+int sfs_linkup(char *out, size_t size);
+void sfs_linkup_drop(void);
+
 /* freeze.c */
 int sfs_freeze_verb(int argc, char **argv, char *out, size_t size);
 void sfs_freeze_fds(struct sfs_fdset *keep);

@@ -699,11 +699,9 @@ def test_damaged_snapshot_record(csi, kubelet, strata):
     assert os.path.isdir(strata.path("snapshots", sid, "layer"))
 
 
-@pytest.mark.parametrize("staged", [False, True], ids=["unstaged", "staged"])
-def test_copied_up_hard_links_refuse_a_snapshot(env, staged):
-    """A copied-up hard link lives in the workdir's index, which a fresh
-    upper cannot keep: the snapshot is refused, by the plugin or by the
-    daemon, and nothing changes."""
+def hard_linked_volume(env):
+    """A volume over a layer with one file under two names, written
+    through one: its copy in the workdir's index. Staged."""
     root = env.new_root("hl", layers={"links": {"a": "shared\n"}})
     os.link(os.path.join(root, "layers", "links", "a"),
             os.path.join(root, "layers", "links", "b"))
@@ -713,15 +711,40 @@ def test_copied_up_hard_links_refuse_a_snapshot(env, staged):
     st = k.stage(vid)
     write_file(os.path.join(st, "a"), "changed\n")
     assert open(os.path.join(st, "b")).read() == "changed\n"
-    if not staged:
-        k.unstage(vid, st)
+    return p, k, vid, st
+
+
+def test_copied_up_hard_links_refuse_an_unstaged_snapshot(env):
+    """Unstaged, no daemon links the other names up: the plugin refuses,
+    and nothing changes."""
+    p, k, vid, st = hard_linked_volume(env)
+    k.unstage(vid, st)
     r = p.csi.CreateSnapshot(name="s", source_volume_id=vid)
     assert r.code == "FAILED_PRECONDITION" and "hard link" in r.details, r
     assert chain(p, vid) == ["links"] and snapshot_dirs(p) == []
-    if staged:
-        assert open(os.path.join(st, "b")).read() == "changed\n"
-        k.unstage(vid, st)
     assert contents(k, vid, ["a", "b"]) == {"a": "changed\n", "b": "changed\n"}
+
+
+def test_copied_up_hard_links_in_a_live_snapshot(env):
+    """Staged, the daemon links every name up before the freeze: the
+    snapshot holds the file under both names, and so does a clone."""
+    p, k, vid, st = hard_linked_volume(env)
+    sid = snap(p.csi, "s", vid)
+    layer = p.path("snapshots", sid, "layer")
+    a, b = (os.lstat(os.path.join(layer, n)) for n in "ab")
+    assert (a.st_ino, a.st_nlink) == (b.st_ino, 2)
+    assert open(os.path.join(layer, "b")).read() == "changed\n"
+    # written again through the other name: a second snapshot as well
+    write_file(os.path.join(st, "b"), "again\n")
+    assert open(os.path.join(st, "a")).read() == "again\n"
+    second = snap(p.csi, "t", vid)
+    k.unstage(vid, st)
+    assert chain(p, vid) == ["@" + second, "@" + sid, "links"]
+    assert contents(k, vid, ["a", "b"]) == {"a": "again\n", "b": "again\n"}
+    r = clone(p.csi, "c", snapshot=sid)
+    assert r.code == "OK", r
+    assert contents(k, r.reply.volume.volume_id, ["a", "b"]) == {
+        "a": "changed\n", "b": "changed\n"}
 
 
 def test_staged_volume_whose_daemon_does_not_answer(csi, kubelet, strata):
