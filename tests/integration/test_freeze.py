@@ -19,7 +19,7 @@ import time
 import pytest
 
 from strata_common import assert_layer_size, control_call, control_usage
-from stratatest import (Union, assert_same, is_mounted, lazy_umount, run,
+from stratatest import (Union, is_mounted, lazy_umount, run,
                         snapshot_tree, snapshot_upper)
 from test_tmpfile import name_it
 from test_worker import worker_of
