@@ -59,6 +59,8 @@
 #define CSI_SNAP_DEL ".del-"
 /* a daemon syncs its upper before it freezes: give it time to */
 #define CSI_FREEZE_TIMEOUT_MS 60000
+/* a daemon started for a snapshot opens its control socket within this */
+#define CSI_CONTROL_UP_MS 10000
 
 /* A chain entry as records hold it: a layer name, or '@' and a snapshot id. */
 int csi_chain_entry_check(const char *entry)
@@ -723,7 +725,8 @@ static int csi_snapshot_freeze_live(struct csi_store *s, const char *vid,
 	snprintf(path, sizeof(path), "%s/snapshots/%s", s->root, layer);
 	ret = csi_control_call(s, vid, argv, 2, out, sizeof(out),
 			       CSI_FREEZE_TIMEOUT_MS);
-	if (ret == -ENOENT || ret == -ECONNREFUSED) {
+	/* no socket to reach, unless the daemon answered with that errno */
+	if ((ret == -ENOENT || ret == -ECONNREFUSED) && !out[0]) {
 		snprintf(why, size, "volume %s is staged but its daemon does not answer (%s): retry once it is healed",
 			 vid, strerror(-ret));
 		return -ENOTCONN;
@@ -751,7 +754,7 @@ static int csi_snapshot_freeze_live(struct csi_store *s, const char *vid,
  * of the upper, and a fresh upper would lose the link between a copied-up
  * hard link and its other names, which would show the old data again.
  * A live freeze has the volume's daemon link those names into the upper
- * first (fuse/linkup.c); an unstaged volume has no daemon to do it.
+ * first (fuse/linkup.c): an unstaged volume gets a daemon for it.
  */
 static int csi_snapshot_index_used(struct csi_store *s, const char *vid)
 {
@@ -800,6 +803,77 @@ static int64_t csi_snapshot_saved_size(struct csi_store *s, const char *vid)
 	return bytes > work ? bytes - work : 0;
 }
 
+/*
+ * Waits for a daemon just started for VID to listen on its control
+ * socket, which it opens after its mount first answered.
+ */
+static int csi_snapshot_control_up(struct csi_store *s, const char *vid,
+				   char *why, size_t size)
+{
+	const char *argv[] = { "status" };
+	char out[512];
+	int ret;
+
+	for (int waited = 0; waited < CSI_CONTROL_UP_MS; waited += 10) {
+		ret = csi_control_call(s, vid, argv, 1, out, sizeof(out),
+				       CSI_CONTROL_UP_MS);
+		if ((ret != -ENOENT && ret != -ECONNREFUSED) || out[0])
+			break;
+		usleep(10 * 1000);
+	}
+	if (ret)
+		snprintf(why, size, "volume %s: the daemon started to link its hard links up does not answer on its control socket: %s",
+			 vid, strerror(-ret));
+	return ret;
+}
+
+/* Closing its mount's only reference ends the connection, and the daemon. */
+static void csi_snapshot_linkup_stop(struct csi_plugin *p,
+				     struct csi_node_vol *n, int *mntfd)
+{
+	if (*mntfd < 0)
+		return;
+	close(*mntfd);
+	*mntfd = -1;
+	csi_daemon_stop(p, n);
+}
+
+/*
+ * For unstaged volume V whose workdir's index names copied-up hard
+ * links: only a daemon links their other names into the upper before it
+ * freezes (fuse/linkup.c), so one is started, on a mount never attached
+ * anywhere, for the freeze alone. Before the snapshot's intent: a
+ * daemon's start settles the snapshots of its volume cut short. 0 and
+ * *MNTFD (its mount's only reference) with N, 0 and *MNTFD -1 when the
+ * volume needs none, or -errno with WHY.
+ */
+static int csi_snapshot_linkup_start(struct csi_plugin *p,
+				     const struct csi_volume *v,
+				     struct csi_node_vol *n, int *mntfd,
+				     char *why, size_t size)
+{
+	int ret = csi_volume_served(&p->store, v->id);
+
+	*mntfd = -1;
+	if (ret == -EBUSY)
+		return 0;	/* the rename path refuses it, and says why */
+	if (!ret)
+		ret = csi_snapshot_index_used(&p->store, v->id);
+	if (ret < 0)
+		snprintf(why, size, "volume %s: whether a daemon serves it or its workdir's index names hard links: %s",
+			 v->id, strerror(-ret));
+	if (ret <= 0)
+		return ret;
+	memcpy(n->id, v->id, sizeof(n->id));
+	ret = csi_daemon_start(p, v, n, mntfd, why, size);
+	if (ret)
+		return ret;	/* WHY has the daemon's own words */
+	ret = csi_snapshot_control_up(&p->store, v->id, why, size);
+	if (ret)
+		csi_snapshot_linkup_stop(p, n, mntfd);
+	return ret;
+}
+
 /* The upper of an unstaged volume, renamed: no daemon holds it. */
 static int csi_snapshot_freeze_here(struct csi_store *s, const char *vid,
 				    const char *layer, char *why, size_t size)
@@ -843,10 +917,11 @@ int csi_snapshot_take(struct csi_plugin *p, struct csi_volume *v,
 {
 	struct csi_store *s = &p->store;
 	char dir[64], layer[64], intent[64];
-	struct csi_node_vol n;
+	char staging[] = "(none: a daemon to freeze an unstaged volume)";
+	struct csi_node_vol n, ln = { .staging = staging };
 	struct timespec now;
 	bool staged, done;
-	int ret;
+	int ret, mntfd = -1;
 
 	if (v->nlayers + 1 > CSI_MAX_LAYERS) {
 		snprintf(why, size, "volume %s already sits on %d layers: a snapshot would make its chain deeper than the limit of %d; clone it from a snapshot less deep, or copy its data into a new volume",
@@ -862,6 +937,9 @@ int csi_snapshot_take(struct csi_plugin *p, struct csi_volume *v,
 	staged = ret == 0;
 	if (staged)
 		csi_state_free(&n);
+	else if ((ret = csi_snapshot_linkup_start(p, v, &ln, &mntfd, why,
+						  size)))
+		return ret;
 	ret = csi_store_new_id(CSI_SNAPSHOT_ID_PREFIX, ss->id);
 	if (ret)
 		goto out_why;
@@ -891,8 +969,11 @@ int csi_snapshot_take(struct csi_plugin *p, struct csi_volume *v,
 		goto out_why;
 	}
 	csi_kill_point("snapshot.intent");
-	ret = staged ? csi_snapshot_freeze_live(s, v->id, ss, layer, why, size) :
-		       csi_snapshot_freeze_here(s, v->id, layer, why, size);
+	ret = staged || mntfd >= 0 ?
+		      csi_snapshot_freeze_live(s, v->id, ss, layer, why, size) :
+		      csi_snapshot_freeze_here(s, v->id, layer, why, size);
+	/* its daemon's work is done: a fresh upper and workdir, stopped */
+	csi_snapshot_linkup_stop(p, &ln, &mntfd);
 	if (!ret) {
 		csi_kill_point("snapshot.upper");
 		ret = csi_snapshot_finish(s, ss);
@@ -906,6 +987,7 @@ int csi_snapshot_take(struct csi_plugin *p, struct csi_volume *v,
 		ret = 0;
 	return ret;
 out_why:
+	csi_snapshot_linkup_stop(p, &ln, &mntfd);
 	snprintf(why, size, "volume %s: starting the snapshot: %s", v->id,
 		 strerror(-ret));
 	return ret;

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from csitest import Kubelet, MiB, pb, poll, read_file, write_file
+from csitest import Kubelet, MiB, daemons_of, pb, poll, read_file, write_file
 from strata_common import (assert_layer_size, control_usage, fill_to_enospc,
                            walk_usage)
 from snaptest import (SNAPSHOT_ID_RE, chain, clone, contents, fill, snap,
@@ -714,15 +714,49 @@ def hard_linked_volume(env):
     return p, k, vid, st
 
 
-def test_copied_up_hard_links_refuse_an_unstaged_snapshot(env):
-    """Unstaged, no daemon links the other names up: the plugin refuses,
-    and nothing changes."""
+def test_copied_up_hard_links_in_an_unstaged_snapshot(env):
+    """Unstaged, a renamed upper would part the names the index joins:
+    the plugin starts a daemon on a mount of its own to link them up and
+    freeze, and stops it. The snapshot holds the file under both names,
+    the volume goes on over a fresh upper, and no daemon is left."""
     p, k, vid, st = hard_linked_volume(env)
     k.unstage(vid, st)
-    r = p.csi.CreateSnapshot(name="s", source_volume_id=vid)
-    assert r.code == "FAILED_PRECONDITION" and "hard link" in r.details, r
-    assert chain(p, vid) == ["links"] and snapshot_dirs(p) == []
+    assert not daemons_of(p.root)
+    sid = snap(p.csi, "s", vid)
+    layer = p.path("snapshots", sid, "layer")
+    a, b = (os.lstat(os.path.join(layer, n)) for n in "ab")
+    assert (a.st_ino, a.st_nlink) == (b.st_ino, 2)
+    assert open(os.path.join(layer, "b")).read() == "changed\n"
+    assert chain(p, vid) == ["@" + sid, "links"]
+    assert os.listdir(p.path("volumes", vid, "upper")) == []
+    assert not daemons_of(p.root)
+    with open(p.path("node", vid + ".log")) as f:
+        assert "a daemon to freeze an unstaged volume" in f.read()
+    index = p.path("volumes", vid, "work", "index")
+    assert not os.path.isdir(index) or os.listdir(index) == []
     assert contents(k, vid, ["a", "b"]) == {"a": "changed\n", "b": "changed\n"}
+    r = clone(p.csi, "c", snapshot=sid)
+    assert r.code == "OK", r
+    assert contents(k, r.reply.volume.volume_id, ["a", "b"]) == {
+        "a": "changed\n", "b": "changed\n"}
+
+
+def test_unstaged_hard_links_whose_daemon_cannot_start(env):
+    """The daemon for the freeze cannot start (a layer of the volume's
+    chain is gone): the plugin says why, and nothing changed; with the
+    layer back, the snapshot is taken."""
+    p, k, vid, st = hard_linked_volume(env)
+    k.unstage(vid, st)
+    layer = p.path("layers", "links")
+    os.rename(layer, layer + ".away")
+    r = p.csi.CreateSnapshot(name="s", source_volume_id=vid)
+    assert r.code == "INTERNAL" and "links" in r.details, r
+    assert chain(p, vid) == ["links"] and snapshot_dirs(p) == []
+    assert not daemons_of(p.root)
+    os.rename(layer + ".away", layer)
+    assert contents(k, vid, ["a", "b"]) == {"a": "changed\n", "b": "changed\n"}
+    sid = snap(p.csi, "s", vid)
+    assert chain(p, vid) == ["@" + sid, "links"]
 
 
 def test_copied_up_hard_links_in_a_live_snapshot(env):
