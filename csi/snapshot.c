@@ -754,7 +754,8 @@ static int csi_snapshot_freeze_live(struct csi_store *s, const char *vid,
  * of the upper, and a fresh upper would lose the link between a copied-up
  * hard link and its other names, which would show the old data again.
  * A live freeze has the volume's daemon link those names into the upper
- * first (fuse/linkup.c): an unstaged volume gets a daemon for it.
+ * first (fuse/linkup.c): an unstaged volume gets a daemon for it
+ * (csi_snapshot_unstaged_start).
  */
 static int csi_snapshot_index_used(struct csi_store *s, const char *vid)
 {
@@ -839,24 +840,29 @@ static void csi_snapshot_linkup_stop(struct csi_plugin *p,
 }
 
 /*
- * For unstaged volume V whose workdir's index names copied-up hard
- * links: only a daemon links their other names into the upper before it
- * freezes (fuse/linkup.c), so one is started, on a mount never attached
- * anywhere, for the freeze alone. Before the snapshot's intent: a
- * daemon's start settles the snapshots of its volume cut short. 0 and
- * *MNTFD (its mount's only reference) with N, 0 and *MNTFD -1 when the
- * volume needs none, or -errno with WHY.
+ * How unstaged volume V is frozen, decided before the snapshot's intent
+ * is written: by a rename of its upper (0, *MNTFD -1), or, when its
+ * workdir's index names copied-up hard links, by a daemon, since only a
+ * daemon links their other names into the upper first (fuse/linkup.c):
+ * one is started on a mount never attached anywhere, for the freeze
+ * alone (0, *MNTFD its mount's only reference, N its daemon). Before
+ * the intent, because a daemon's start settles the snapshots of its
+ * volume cut short. -errno with WHY when neither can be, and nothing
+ * changed.
  */
-static int csi_snapshot_linkup_start(struct csi_plugin *p,
-				     const struct csi_volume *v,
-				     struct csi_node_vol *n, int *mntfd,
-				     char *why, size_t size)
+static int csi_snapshot_unstaged_start(struct csi_plugin *p,
+				       const struct csi_volume *v,
+				       struct csi_node_vol *n, int *mntfd,
+				       char *why, size_t size)
 {
 	int ret = csi_volume_served(&p->store, v->id);
 
 	*mntfd = -1;
-	if (ret == -EBUSY)
-		return 0;	/* the rename path refuses it, and says why */
+	if (ret == -EBUSY) {
+		snprintf(why, size, "volume %s is served by a stratafs daemon that no node record names: nothing was changed; unstage it first",
+			 v->id);
+		return ret;
+	}
 	if (!ret)
 		ret = csi_snapshot_index_used(&p->store, v->id);
 	if (ret < 0)
@@ -874,27 +880,18 @@ static int csi_snapshot_linkup_start(struct csi_plugin *p,
 	return ret;
 }
 
-/* The upper of an unstaged volume, renamed: no daemon holds it. */
+/*
+ * The upper of an unstaged volume, renamed: no daemon holds it, and no
+ * copied-up hard link needs one (csi_snapshot_unstaged_start).
+ */
 static int csi_snapshot_freeze_here(struct csi_store *s, const char *vid,
 				    const char *layer, char *why, size_t size)
 {
 	char upper[64];
-	int ret = csi_volume_served(s, vid);
+	int ret = 0;
 
-	if (ret == -EBUSY) {
-		snprintf(why, size, "volume %s is served by a stratafs daemon that no node record names: nothing was changed; unstage it first",
-			 vid);
-		return -EBUSY;
-	}
-	if (!ret)
-		ret = csi_snapshot_index_used(s, vid);
-	if (ret > 0) {
-		snprintf(why, size, "volume %s has copied-up hard links (its workdir's index is not empty): a snapshot would part them from their other names; nothing was changed",
-			 vid);
-		return -EBUSY;
-	}
 	snprintf(upper, sizeof(upper), "%s/upper", vid);
-	if (!ret && renameat(s->volumes_fd, upper, s->snapshots_fd, layer) < 0)
+	if (renameat(s->volumes_fd, upper, s->snapshots_fd, layer) < 0)
 		ret = -errno;
 	if (ret)
 		snprintf(why, size, "volume %s: moving its upper to the snapshot: %s",
@@ -937,8 +934,8 @@ int csi_snapshot_take(struct csi_plugin *p, struct csi_volume *v,
 	staged = ret == 0;
 	if (staged)
 		csi_state_free(&n);
-	else if ((ret = csi_snapshot_linkup_start(p, v, &ln, &mntfd, why,
-						  size)))
+	else if ((ret = csi_snapshot_unstaged_start(p, v, &ln, &mntfd, why,
+						    size)))
 		return ret;
 	ret = csi_store_new_id(CSI_SNAPSHOT_ID_PREFIX, ss->id);
 	if (ret)
@@ -946,7 +943,7 @@ int csi_snapshot_take(struct csi_plugin *p, struct csi_volume *v,
 	memcpy(ss->source, v->id, sizeof(ss->source));
 	ss->capacity = v->capacity;
 	/* in the intent: a recovery that finishes the snapshot keeps it */
-	if (!staged)
+	if (!staged && mntfd < 0)	/* a daemon that freezes says it */
 		ss->size = csi_snapshot_saved_size(s, v->id);
 	clock_gettime(CLOCK_REALTIME, &now);
 	ss->created_s = now.tv_sec;

@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from csitest import Kubelet, MiB, daemons_of, pb, poll, read_file, write_file
+from csitest import (Kubelet, MiB, daemons_of, pb, poll, read_file,
+                     stratafs_binary, write_file)
 from strata_common import (assert_layer_size, control_usage, fill_to_enospc,
                            walk_usage)
 from snaptest import (SNAPSHOT_ID_RE, chain, clone, contents, fill, snap,
@@ -757,6 +758,38 @@ def test_unstaged_hard_links_whose_daemon_cannot_start(env):
     assert contents(k, vid, ["a", "b"]) == {"a": "changed\n", "b": "changed\n"}
     sid = snap(p.csi, "s", vid)
     assert chain(p, vid) == ["@" + sid, "links"]
+
+
+def test_unstaged_volume_served_by_a_stray_daemon(env, tmp_path):
+    """No node record, but a stratafs someone started by hand serves the
+    volume's upper: no rename under it. FAILED_PRECONDITION, nothing
+    changed; once it is gone, the snapshot is taken."""
+    p = env.plugin(root=env.new_root("stray", layers={"base": {"l": "lower\n"}}))
+    k = Kubelet(env, p)
+    vid = k.create("v")
+    mnt = tmp_path / "by-hand"
+    mnt.mkdir()
+    d = subprocess.Popen(
+        [stratafs_binary(), "-f", "-o",
+         f"lowerdir={p.path('layers', 'base')},"
+         f"upperdir={p.path('volumes', vid, 'upper')},"
+         f"workdir={p.path('volumes', vid, 'work')}", str(mnt)],
+        stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        poll(lambda: os.path.ismount(mnt), 30, what="the stray mount")
+        write_file(os.path.join(mnt, "f"), "by hand\n")
+        r = p.csi.CreateSnapshot(name="s", source_volume_id=vid)
+        assert r.code == "FAILED_PRECONDITION", r
+        assert "no node record names" in r.details, r
+        assert chain(p, vid) == ["base"] and snapshot_dirs(p) == []
+        assert open(p.path("volumes", vid, "upper", "f")).read() == "by hand\n"
+    finally:
+        subprocess.run(["fusermount3", "-u", str(mnt)], check=False)
+        d.wait(30)
+    sid = snap(p.csi, "s", vid)
+    assert chain(p, vid) == ["@" + sid, "base"]
+    with open(p.path("snapshots", sid, "layer", "f")) as f:
+        assert f.read() == "by hand\n"
 
 
 def test_copied_up_hard_links_in_a_live_snapshot(env):
