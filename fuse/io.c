@@ -20,11 +20,13 @@
 #include <fcntl.h>
 #include <liburing.h>
 #include <semaphore.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "stratafs.h"
@@ -45,6 +47,7 @@ struct sfs_ring {
 	struct io_uring uring;
 	pthread_mutex_t cq_lock;	/* the submitter and the reaper both reap */
 	int efd;		/* signalled on completions, but see submit */
+	atomic_uint inflight;	/* submitted, not yet reaped */
 	struct sfs_ring *next;	/* every ring, for teardown */
 	struct sfs_ring *free_next;
 };
@@ -197,6 +200,7 @@ static bool sfs_ring_submit(struct sfs_io_op *op, bool write)
 		io_uring_prep_read(sqe, op->fd, op->buf, op->len, op->off);
 	io_uring_sqe_set_data(sqe, op);
 	SFS_TSAN_RELEASE(op);
+	atomic_fetch_add(&r->inflight, 1);
 	/*
 	 * Page-cache hits and buffered writes complete inside the submit:
 	 * the worker replies to those itself, sparing a wake-up of the
@@ -206,6 +210,13 @@ static bool sfs_ring_submit(struct sfs_io_op *op, bool write)
 	 */
 	io_uring_cq_eventfd_toggle(&r->uring, false);
 	if (io_uring_submit(&r->uring) < 1) {
+		/*
+		 * The entry stays in the submission queue, and the next
+		 * submit would send it with OP long gone: a no-op instead.
+		 */
+		io_uring_prep_nop(sqe);
+		io_uring_sqe_set_data(sqe, NULL);
+		atomic_fetch_sub(&r->inflight, 1);
 		io_uring_cq_eventfd_toggle(&r->uring, true);
 		return false;
 	}
@@ -216,23 +227,49 @@ static bool sfs_ring_submit(struct sfs_io_op *op, bool write)
 }
 
 /*
- * The completion side. Short writes and EAGAIN are finished here
- * synchronously: rare, and a ring has one submitter (its worker).
+ * Whether a read that came back short, RES bytes at OFF, may have been
+ * cut rather than have met the end of the file. io_uring ends a read
+ * that had to wait for the disk with what it had copied when the thread
+ * that submitted it is gone by then (io_should_terminate_tw: the loop's
+ * threads exit before the engine stops, when a worker is replaced or
+ * the mount ends): whole pages of the page cache, so the cut falls on a
+ * page boundary. A read that meets the end of the file mid-page is
+ * taken as it is, sparing the pread that would find nothing more.
+ */
+static bool sfs_read_cut(off_t off, int res, size_t len)
+{
+	return res > 0 && (size_t)res < len &&
+	       (off + res) % sysconf(_SC_PAGESIZE) == 0;
+}
+
+/*
+ * The completion side, which finishes synchronously what the ring left
+ * undone: rare, and a ring has one submitter (its worker).
+ *  - EAGAIN and EINTR; ECANCELED for work a thread left queued when it
+ *    exited, and EFAULT for work resumed after it did (both io_uring's);
+ *    passed on, the error failed a reader's page, and the kernel took
+ *    the short read for the end of the file;
+ *  - a short write, and a read cut short (sfs_read_cut).
  */
 static void sfs_ring_complete(struct sfs_io_op *op, int res, bool write)
 {
+	ssize_t more = 0;
+
 	if (!write && res > 0)
 		VALGRIND_MAKE_MEM_DEFINED(op->buf, res);
-	if (res == -EAGAIN || res == -EINTR)
+	if (res == -EAGAIN || res == -EINTR || res == -ECANCELED ||
+	    res == -EFAULT) {
 		res = write ? sfs_io_pwrite_sync(op->fd, op->buf, op->len, op->off)
 			    : sfs_io_pread_sync(op->fd, op->buf, op->len, op->off);
-	else if (write && res >= 0 && (size_t)res < op->len) {
-		ssize_t more = sfs_io_pwrite_sync(op->fd, op->buf + res,
-						  op->len - res, op->off + res);
-
-		if (more > 0)
-			res += more;
+	} else if (write && res >= 0 && (size_t)res < op->len) {
+		more = sfs_io_pwrite_sync(op->fd, op->buf + res, op->len - res,
+					  op->off + res);
+	} else if (!write && sfs_read_cut(op->off, res, op->len)) {
+		more = sfs_io_pread_sync(op->fd, op->buf + res, op->len - res,
+					 op->off + res);
 	}
+	if (more > 0)
+		res += more;
 	op->done(op, res);
 }
 
@@ -248,6 +285,7 @@ static void sfs_ring_drain(struct sfs_ring *r)
 
 		io_uring_cqe_seen(&r->uring, cqe);
 		if (op) {
+			atomic_fetch_sub(&r->inflight, 1);
 			SFS_TSAN_ACQUIRE(op);
 			sfs_ring_complete(op, res, op->write);
 		}
@@ -364,18 +402,67 @@ int sfs_io_init(const char *engine)
 	return 0;
 }
 
-/* After the FUSE loop: every request has been answered by then. */
+/*
+ * Replies to what R still has in flight, waiting until the shared
+ * DEADLINE (CLOCK_MONOTONIC) at most; false when time ran out.
+ */
+static bool sfs_ring_settle(struct sfs_ring *r, const struct timespec *deadline)
+{
+	for (;;) {
+		struct __kernel_timespec left;
+		struct io_uring_cqe *cqe;
+		struct timespec now;
+		long long ns;
+		int ret;
+
+		sfs_ring_drain(r);
+		if (atomic_load(&r->inflight) == 0)
+			return true;
+		clock_gettime(CLOCK_MONOTONIC, &now);
+		ns = (deadline->tv_sec - now.tv_sec) * 1000000000LL +
+		     (deadline->tv_nsec - now.tv_nsec);
+		if (ns <= 0)
+			return false;
+		left.tv_sec = ns / 1000000000LL;
+		left.tv_nsec = ns % 1000000000LL;
+		ret = io_uring_wait_cqe_timeout(&r->uring, &cqe, &left);
+		if (ret < 0 && ret != -ETIME && ret != -EINTR)
+			return false;
+	}
+}
+
+/*
+ * After the FUSE loop, whose handlers have all returned: each read and
+ * write still in flight is answered before the rings go. Left to the
+ * ring's teardown, they were cancelled unanswered, and a supervised
+ * mount's next worker served them again from the kernel's resend, while
+ * the callers waited. A read stuck on a stalled layer does not hold the
+ * exit for longer than SFS_IO_SETTLE_S: its request is the kernel's to
+ * send again, or to fail with the connection.
+ */
+#define SFS_IO_SETTLE_S 5
+
 void sfs_io_shutdown(void)
 {
 	struct sfs_ring *r, *next;
+	struct timespec deadline;
+	unsigned int left = 0;
 
 	if (!sfs_io.uring)
 		return;
 	eventfd_write(sfs_io.stopfd, 1);
 	pthread_join(sfs_io.reaper, NULL);
+	clock_gettime(CLOCK_MONOTONIC, &deadline);
+	deadline.tv_sec += SFS_IO_SETTLE_S;
+	for (r = sfs_io.rings; r; r = r->next)
+		if (!sfs_ring_settle(r, &deadline))
+			left += atomic_load(&r->inflight);
+	if (left)
+		strata_warn("%u reads and writes still waiting on a layer "
+			    "after %d s: left for the kernel to send again",
+			    left, SFS_IO_SETTLE_S);
 	for (r = sfs_io.rings; r; r = next) {
 		next = r->next;
-		sfs_ring_drain(r);
 		io_uring_queue_exit(&r->uring);
 		close(r->efd);
 		pthread_mutex_destroy(&r->cq_lock);

@@ -162,15 +162,25 @@ def lister(ld):
             ld.errors.append(f"lister: {own}: {sorted(set(got) ^ mine)[:5]}")
 
 
+def differs(got, want):
+    """What a read got wrong, for the error: its length and where the
+    first wrong byte is."""
+    same = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b),
+                min(len(got), len(want)))
+    return f"got {len(got)} bytes of {len(want)}, first difference at +{same}"
+
+
 def fsx(ld):
     path = os.path.join(ld.d, "fsx")
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
     shadow = bytearray()
     limit = 256 * 1024
+    log = []            # the last calls, for the error message
     while ld.running():
         op = ld.rng.random()
         off = ld.rng.randrange(0, limit)
         n = ld.rng.randrange(1, 16384)
+        log = log[-12:] + [(round(op, 2), off, n, len(shadow))]
         if op < 0.45:
             data = os.urandom(n)
             if isinstance(ld.call("pwrite", os.pwrite, fd, data, off), OSError):
@@ -188,8 +198,11 @@ def fsx(ld):
             ld.call("fsync", os.fsync, fd)
         else:
             got = ld.call("pread", os.pread, fd, n, off)
-            if not isinstance(got, OSError) and got != bytes(shadow[off:off + n]):
-                ld.errors.append(f"fsx: read {n} at {off} differs")
+            want = bytes(shadow[off:off + n])
+            if not isinstance(got, OSError) and got != want:
+                ld.errors.append(f"fsx: read {n} at {off} differs: "
+                                 f"{differs(got, want)}; last calls (op, "
+                                 f"offset, size, file size before): {log}")
     got = ld.call("pread", os.pread, fd, limit * 2, 0)
     if not isinstance(got, OSError) and got != bytes(shadow):
         ld.errors.append("fsx: the file differs from its copy at the end")
