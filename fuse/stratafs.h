@@ -195,20 +195,20 @@ struct sfs_node {
 	atomic_bool has_origin;	/* upper copy records the lower's inode number */
 	atomic_bool indexed;	/* upper data lives in the hardlink index */
 	atomic_bool unlinked;	/* no name left in the view */
+	bool pass_used;		/* lock: passthrough since the last cached open */
 	/*
 	 * Data written since the last fsync: the upper filesystem may still
 	 * allocate (st_blocks) when it writes back, so the kernel must not
 	 * cache the attributes meanwhile. Bumped per write, 0 when synced.
 	 */
 	atomic_uint dirty;
+	int32_t backing;	/* lock: passthrough backing id while npass */
 	/* the upper file's st_blocks as usage.c last counted it; -1 unknown */
 	_Atomic int64_t ublocks;
-	bool pass_used;		/* lock: passthrough since the last cached open */
+	uint32_t npass;		/* lock: open passthrough handles */
 	bool pass_wrote;	/* lock: a passthrough writer since npass was 0 */
 	uint8_t nlower;		/* const, but for a freeze (freeze.c) */
 	uint8_t lower_room;	/* const: entries the node's own allocation holds */
-	int32_t backing;	/* lock: passthrough backing id while npass */
-	uint32_t npass;		/* lock: open passthrough handles */
 	int64_t pass_size;	/* lock: the file's size when pass_wrote began */
 	struct sfs_entry up;	/* the upper entry, once has_upper */
 	/*
