@@ -812,7 +812,8 @@ def test_freezes_under_load(stratafs_only, tmp_path):
         for i in range(10):
             time.sleep(0.02)
             layers.insert(0, str(tmp_path / f"f{i}"))
-            assert freeze(u, layers[0])[0] == 0
+            status, text = drained_freeze(u, layers[0])
+            assert status == 0, text
     finally:
         stop.set()
         for t in threads:
