@@ -28,9 +28,9 @@
  *    on its way from its read to here with a request sent again while
  *    another already handles a new one. So the lists left over are
  *    dropped (replies that did reach the kernel) only once a new request
- *    comes SFS_RESEND_GRACE_NS after the first new one, or at the next
- *    takeover; until then a list waits for a request with its unique,
- *    which only a resend can bring. Dropping them at the first new
+ *    comes SFS_RESEND_GRACE_NS after the first new one; until then, and
+ *    across the takeovers of workers killed sooner, a list waits for a
+ *    request with its unique, which only a resend can bring. Dropping them at the first new
  *    request left counts the kernel never had, and their nodes until the
  *    unmount: a listing's worth per death.
  *
@@ -313,11 +313,18 @@ static void sfs_replying_keep(void *p, void *arg)
 {
 	struct sfs_replying *r = p;
 	size_t *slot = arg;
+	const size_t max = SFS_MAX_THREADS * 2;
 
-	if ((!atomic_load(&r->count) && !atomic_load(&r->step)) ||
-	    *slot == SFS_MAX_THREADS * 2) {
-		sfs_replying_drop(r);	/* at worst a count too many */
+	if (!atomic_load(&r->count) && !atomic_load(&r->step)) {
+		sfs_replying_drop(r);
 		return;
+	}
+	/* full: the oldest goes, the likeliest to be a reply that got out */
+	if (*slot == max) {
+		sfs_replying_drop(sfs->unreplied[0]);
+		memmove(&sfs->unreplied[0], &sfs->unreplied[1],
+			(max - 1) * sizeof(sfs->unreplied[0]));
+		(*slot)--;
 	}
 	sfs_shm_tag(r, SFS_SHM_OTHER);
 	sfs->unreplied[(*slot)++] = r;
@@ -326,17 +333,21 @@ static void sfs_replying_keep(void *p, void *arg)
 /*
  * A new worker, before it counts references again from nlookup: the
  * FORGETs left half done are finished, and the lists of counts for
- * replies in flight are kept to be matched (those still kept from the
- * worker before go: their requests were sent again to it already).
+ * replies in flight are kept to be matched. Those the worker before
+ * kept and had not matched stay too: a worker killed before it read
+ * what the kernel sent again leaves those requests to be sent again to
+ * this one (dropping them counted a lookup twice, a node per death).
  */
 void sfs_resend_takeover(void)
 {
 	size_t slot = 0;
 
 	for (size_t i = 0; i < SFS_MAX_THREADS * 2; i++) {
-		if (sfs->unreplied[i])
-			sfs_replying_drop(sfs->unreplied[i]);
+		struct sfs_replying *r = sfs->unreplied[i];
+
 		sfs->unreplied[i] = NULL;
+		if (r)
+			sfs->unreplied[slot++] = r;
 	}
 	sfs_shm_walk(SFS_SHM_FORGET, sfs_forgets_finish, NULL);
 	sfs_shm_walk(SFS_SHM_REPLY, sfs_replying_keep, &slot);
