@@ -66,9 +66,21 @@ static int sfs_control_status(int argc, char **argv, char *out, size_t size)
 	return 0;
 }
 
+/*
+ * How many nodes the daemon keeps (the root aside): what the kernel
+ * still knows, and the directories above it. A count that only grows
+ * while the kernel forgets is a leak.
+ */
+static int sfs_control_nodes(int argc, char **argv, char *out, size_t size)
+{
+	snprintf(out, size, "nodes=%ld", atomic_load(&sfs->nodes));
+	return 0;
+}
+
 static const struct sfs_control_verb sfs_control_verbs[] = {
 	{ "ping", sfs_control_ping, 0, 0 },
 	{ "status", sfs_control_status, 0, 0 },
+	{ "nodes", sfs_control_nodes, 0, 0 },
 	{ "progress", sfs_progress_verb, 0, 0 },
 	{ "usage", sfs_usage_verb, 0, 0 },
 	{ "capacity", sfs_capacity_verb, 1, 1 },

@@ -129,6 +129,7 @@ static void sfs_node_free(struct sfs_node *n)
 
 	/* a worker's successor must not take over a node half freed */
 	sfs_shm_tag(n, SFS_SHM_OTHER);
+	atomic_fetch_sub(&sfs->nodes, 1);
 	if (!parked)
 		atomic_fetch_sub(&sfs->node_fds, sfs_node_nfds(n));
 	if (atomic_load(&n->has_upper)) {
@@ -423,6 +424,7 @@ struct sfs_node *sfs_node_from_found(struct sfs_node *parent,
 	sfs->table[h] = n;
 	/* whole and findable: a successor takes it over (sfs_table_takeover) */
 	sfs_shm_tag(n, SFS_SHM_NODE);
+	atomic_fetch_add(&sfs->nodes, 1);
 	/*
 	 * Two nodes a bucket on average: a chain step is one node read,
 	 * little beside a request, and the table is half the memory (1 MiB
@@ -692,6 +694,7 @@ static void sfs_node_takeover(void *p, void *keep)
 		return;
 	}
 	sfs_node_reset(n, keep);
+	atomic_fetch_add(&sfs->nodes, 1);
 	if (n->unhashed)
 		return;
 	h = sfs_hash(n->ino, sfs->table_size);
@@ -731,6 +734,7 @@ int sfs_table_takeover(struct sfs_fdset *keep)
 	sfs_shm_free(old);
 	sfs->table_count = 0;
 	atomic_store(&sfs->node_fds, 0);
+	atomic_store(&sfs->nodes, 0);
 	atomic_store(&sfs->listed, 0);
 	/* the counts references are made from come first */
 	sfs_resend_takeover();

@@ -295,6 +295,7 @@ struct sfs_fs {
 	struct sfs_node *root;
 
 	atomic_long node_fds;	/* descriptors held by nodes */
+	atomic_long nodes;	/* nodes alive, the root aside */
 	long fd_budget;		/* park idle nodes above this */
 	pthread_mutex_t evict_lock;
 	size_t evict_hand;	/* clock hand over the table, under table_lock */
