@@ -26,7 +26,6 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/uio.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "stratafs.h"
@@ -403,24 +402,21 @@ int sfs_io_init(const char *engine)
 }
 
 /*
- * Replies to what R still has in flight, waiting until the shared
- * DEADLINE (CLOCK_MONOTONIC) at most; false when time ran out.
+ * Replies to what R still has in flight, waiting until DEADLINE
+ * (sfs_now_ns) at most; false when time ran out.
  */
-static bool sfs_ring_settle(struct sfs_ring *r, const struct timespec *deadline)
+static bool sfs_ring_settle(struct sfs_ring *r, long long deadline)
 {
 	for (;;) {
 		struct __kernel_timespec left;
 		struct io_uring_cqe *cqe;
-		struct timespec now;
 		long long ns;
 		int ret;
 
 		sfs_ring_drain(r);
 		if (atomic_load(&r->inflight) == 0)
 			return true;
-		clock_gettime(CLOCK_MONOTONIC, &now);
-		ns = (deadline->tv_sec - now.tv_sec) * 1000000000LL +
-		     (deadline->tv_nsec - now.tv_nsec);
+		ns = deadline - sfs_now_ns();
 		if (ns <= 0)
 			return false;
 		left.tv_sec = ns / 1000000000LL;
@@ -444,18 +440,16 @@ static bool sfs_ring_settle(struct sfs_ring *r, const struct timespec *deadline)
 
 void sfs_io_shutdown(void)
 {
+	long long deadline = sfs_now_ns() + SFS_IO_SETTLE_S * 1000000000LL;
 	struct sfs_ring *r, *next;
-	struct timespec deadline;
 	unsigned int left = 0;
 
 	if (!sfs_io.uring)
 		return;
 	eventfd_write(sfs_io.stopfd, 1);
 	pthread_join(sfs_io.reaper, NULL);
-	clock_gettime(CLOCK_MONOTONIC, &deadline);
-	deadline.tv_sec += SFS_IO_SETTLE_S;
 	for (r = sfs_io.rings; r; r = r->next)
-		if (!sfs_ring_settle(r, &deadline))
+		if (!sfs_ring_settle(r, deadline))
 			left += atomic_load(&r->inflight);
 	if (left)
 		strata_warn("%u reads and writes still waiting on a layer "

@@ -44,7 +44,6 @@
 #include <errno.h>
 #include <linux/fuse.h>
 #include <string.h>
-#include <time.h>
 
 #include "stratafs.h"
 
@@ -269,11 +268,8 @@ void sfs_resend_request(uint64_t unique, bool resent)
 		return;
 	pthread_mutex_lock(&sfs_unreplied_lock);
 	if (!resent) {
-		struct timespec ts;
-		long long now;
+		long long now = sfs_now_ns();
 
-		clock_gettime(CLOCK_MONOTONIC, &ts);
-		now = ts.tv_sec * 1000000000LL + ts.tv_nsec;
 		if (!sfs_unreplied_first_new)
 			sfs_unreplied_first_new = now;
 		drop = now - sfs_unreplied_first_new >= SFS_RESEND_GRACE_NS;

@@ -902,6 +902,7 @@ int sfs_worker_run(struct fuse_session *se, const sigset_t *mask,
 		   const struct sfs_fdset *base);
 
 /* util.c */
+long long sfs_now_ns(void);
 void sfs_handles_init(void);
 void sfs_handle_add(struct sfs_hlink *head, struct sfs_hlink *h);
 void sfs_handle_del(struct sfs_hlink *h);

@@ -95,14 +95,6 @@ struct sfs_super {
 	bool replacing;		/* SIGHUP: the worker stops for an exec */
 };
 
-static long long sfs_now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
 /*
  * Asks the kernel to queue again every request a worker read and did not
  * answer. 0, or a negative errno: -EINVAL from a kernel without it.
@@ -357,7 +349,7 @@ static char *sfs_super_exe(void)
 
 static int sfs_supervise(struct sfs_super *sv)
 {
-	sigset_t set;
+	sigset_t set, usr1;
 	int ret = 1, done = 0;
 
 	sigemptyset(&set);
@@ -372,6 +364,16 @@ static int sfs_supervise(struct sfs_super *sv)
 	sigdelset(&sv->mask, SIGTERM);
 	sigdelset(&sv->mask, SIGINT);
 	sigdelset(&sv->mask, SIGHUP);
+	/*
+	 * A worker starts with SIGUSR1 blocked, as here, until its handler
+	 * is in: a SIGHUP while it still takes over from the worker before
+	 * stops it then, instead of killing it.
+	 */
+	sigemptyset(&usr1);
+	sigaddset(&usr1, SIGUSR1);
+	if (sigprocmask(SIG_BLOCK, &usr1, NULL) < 0)
+		goto out_mask;
+	sigdelset(&sv->mask, SIGUSR1);
 	sv->sigfd = signalfd(-1, &set, SFD_CLOEXEC);
 	if (sv->sigfd < 0) {
 		strata_err("signalfd: %s", strerror(errno));

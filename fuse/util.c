@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "stratafs.h"
@@ -176,4 +177,13 @@ bool sfs_req_capable(fuse_req_t req, int cap)
 		}
 	fclose(f);
 	return ret;
+}
+
+/* CLOCK_MONOTONIC in nanoseconds, for deadlines and ages. */
+long long sfs_now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }

@@ -386,3 +386,23 @@ def test_one_process_without_a_supervisor(stratafs_only):
     assert open(u.path("a")).read() == "a"
     with open(f"/proc/{u.pid}/task/{u.pid}/children") as f:
         assert f.read().split() == []
+
+
+def test_sighup_while_a_worker_takes_over(stratafs_only):
+    """An upgrade asked for again at once, while the new worker is still
+    taking over from the old one: it is replaced in turn, never killed by
+    the stop it was not yet listening for."""
+    u = stratafs_only.make(layers())
+    with open(u.path("kept"), "w") as f:
+        f.write("kept")
+    w = worker_of(u)
+    for _ in range(20):
+        os.kill(u.pid, signal.SIGHUP)
+        w = worker_of(u, old=w)
+    deadline = time.monotonic() + 30
+    while u.stderr().count("upgrade: serving the mount on") < 20:
+        assert time.monotonic() < deadline, u.stderr()
+        time.sleep(0.05)
+    worker_of(u)
+    assert open(u.path("kept")).read() == "kept"
+    assert "worker died" not in u.stderr()

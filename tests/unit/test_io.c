@@ -6,6 +6,7 @@
 #include <semaphore.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "stratafs.h"
@@ -40,6 +41,23 @@ int fuse_reply_err(fuse_req_t req, int err)
 	r->err = err;
 	sem_post(&r->done);
 	return 0;
+}
+
+/*
+ * Whether the page at OFF of FD is in the page cache: the cut needs the
+ * rest of the range on disk, or the test proves nothing.
+ */
+static bool sfs_page_cached(int fd, off_t off)
+{
+	unsigned char vec = 0;
+	void *p = mmap(NULL, 4096, PROT_READ, MAP_SHARED, fd, off);
+
+	if (p == MAP_FAILED)
+		return true;
+	if (mincore(p, 4096, &vec) < 0)
+		vec = 1;
+	munmap(p, 4096);
+	return vec & 1;
 }
 
 struct sfs_read_arg {
@@ -77,6 +95,8 @@ static void sfs_test_read_outlives_thread(const char *dir)
 		data[i] = (char)(i * 7 + 3);
 	CHECK_EQ_INT(pwrite(fd, data, len, 0), (long long)len);
 	CHECK_EQ_INT(fsync(fd), 0);
+	/* no readahead past the page read: the rest stays on disk */
+	CHECK_EQ_INT(posix_fadvise(fd, 0, len, POSIX_FADV_RANDOM), 0);
 	CHECK_EQ_INT(sfs_io_init("uring"), 0);
 	/*
 	 * The last round stops the engine at once: what it has in flight
@@ -91,6 +111,7 @@ static void sfs_test_read_outlives_thread(const char *dir)
 		sem_init(&reply.done, 0, 0);
 		posix_fadvise(fd, 0, len, POSIX_FADV_DONTNEED);
 		CHECK_EQ_INT(pread(fd, page, sizeof(page), 0), 4096);
+		CHECK(!sfs_page_cached(fd, 4096));
 		CHECK_EQ_INT(pthread_create(&t, NULL, sfs_read_and_exit, &arg), 0);
 		pthread_join(t, NULL);
 		if (round == 20) {
