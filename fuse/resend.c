@@ -7,12 +7,18 @@
  * the kernel's lookup counts, which the nodes mirror in nlookup:
  *
  *  - FORGET has no answer, so the kernel never sends one again: a batch
- *    read and not done would leave nodes forever. A batch is written down
- *    in the shared memory as soon as it is read (sfs_forget_read), before
- *    libfuse dispatches it, and each entry marked done before it is done:
- *    the next worker finishes what is left. At worst the entry in hand
- *    when the worker died is lost, or a whole batch when it died between
- *    the read and the journal's store; none is ever done twice.
+ *    read and not done would leave nodes forever. The kernel hands a
+ *    request over even to a thread already killed, which dies on its way
+ *    out of read(2): the thread that answered an UNLINK is often the one
+ *    that reads the FORGET it causes. So each thread reads the first
+ *    SFS_RX_SHARED bytes of every request into the shared memory
+ *    (sfs_forget_rx, transport.c): a FORGET that fits there is its own
+ *    record from the moment the kernel wrote it, and each entry is marked
+ *    done there before it is done; the next worker finishes what is left
+ *    (sfs_rx_finish). A bigger batch is written down in the shared memory
+ *    once read (sfs_forget_read), with the window between the two. At
+ *    worst the entry in hand when the worker died is lost; none is ever
+ *    done twice.
  *
  *  - A reply that names nodes (LOOKUP, CREATE, READDIRPLUS...) counts a
  *    lookup for each before it goes out, as the kernel will once it has
@@ -56,6 +62,21 @@ struct sfs_forgets {
 	} ent[];
 };
 
+/*
+ * Where a thread reads the start of each request. DONE counts the entries
+ * of a FORGET there that are done, or being done; another request, or a
+ * FORGET longer than the area (whose record is a struct sfs_forgets), has
+ * nothing to finish.
+ */
+struct sfs_rx {
+	_Atomic uint32_t done;
+	uint32_t unused;
+	union {
+		struct fuse_in_header in;
+		char data[SFS_RX_SHARED];
+	};
+};
+
 struct sfs_replying {
 	_Atomic uint64_t unique;	/* the request, without the resend bit */
 	_Atomic uint32_t step;		/* how far it got (sfs_resend_step) */
@@ -82,6 +103,12 @@ static pthread_mutex_t sfs_unreplied_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* The FORGET this thread read, written down before it is handled. */
 static __thread struct sfs_forgets *sfs_forget_pending;
+/* This thread's area; whether the request in hand was read into it. */
+static __thread struct sfs_rx *sfs_rx;
+static __thread bool sfs_rx_fresh;
+/* Frees a thread's area when it ends (sfs_rx_exit). */
+static pthread_key_t sfs_rx_key;
+static pthread_once_t sfs_rx_once = PTHREAD_ONCE_INIT;
 
 /* A journal of COUNT entries, tagged once whole, or NULL. */
 static struct sfs_forgets *sfs_forgets_new(size_t count,
@@ -103,46 +130,161 @@ static struct sfs_forgets *sfs_forgets_new(size_t count,
 }
 
 /*
- * A request was read: a FORGET or BATCH_FORGET (LEN bytes at BUF, which
- * the kernel wrote whole) is written down at once, for its handler.
+ * The entries of a FORGET or BATCH_FORGET of LEN bytes at BUF, which the
+ * kernel wrote whole: how many, *ONE pointing at them (at SINGLE for a
+ * FORGET). 0 for any other request.
  */
-void sfs_forget_read(const void *buf, size_t len)
+static uint32_t sfs_forget_parse(const void *buf, size_t len,
+				 struct fuse_forget_one *single,
+				 const struct fuse_forget_one **one)
 {
 	const struct fuse_in_header *in = buf;
 	const struct fuse_batch_forget_in *b = (const void *)(in + 1);
-	struct fuse_forget_one single;
 
 	if (len < sizeof(*in))
-		return;
+		return 0;
 	if (in->opcode == FUSE_FORGET &&
 	    len >= sizeof(*in) + sizeof(struct fuse_forget_in)) {
-		single.nodeid = in->nodeid;
-		single.nlookup = ((const struct fuse_forget_in *)(in + 1))->nlookup;
-		sfs_forget_pending = sfs_forgets_new(1, &single, NULL);
-	} else if (in->opcode == FUSE_BATCH_FORGET && len >= sizeof(*in) + sizeof(*b) &&
-		   b->count <= (len - sizeof(*in) - sizeof(*b)) /
-				       sizeof(struct fuse_forget_one)) {
-		sfs_forget_pending = sfs_forgets_new(
-			b->count, (const struct fuse_forget_one *)(b + 1), NULL);
+		single->nodeid = in->nodeid;
+		single->nlookup = ((const struct fuse_forget_in *)(in + 1))->nlookup;
+		*one = single;
+		return 1;
 	}
+	if (in->opcode == FUSE_BATCH_FORGET && len >= sizeof(*in) + sizeof(*b) &&
+	    b->count <= (len - sizeof(*in) - sizeof(*b)) /
+				sizeof(struct fuse_forget_one)) {
+		*one = (const struct fuse_forget_one *)(b + 1);
+		return b->count;
+	}
+	return 0;
+}
+
+/* The FORGET whose record the area is, if any: its entries, as above. */
+static uint32_t sfs_rx_forgets(struct sfs_rx *rx, struct fuse_forget_one *single,
+			       const struct fuse_forget_one **one)
+{
+	if (rx->in.len > SFS_RX_SHARED)
+		return 0;
+	return sfs_forget_parse(rx->data, rx->in.len, single, one);
+}
+
+static void sfs_rx_free(struct sfs_rx *rx)
+{
+	sfs_shm_tag(rx, SFS_SHM_OTHER);
+	sfs_shm_free(rx);
+}
+
+/*
+ * A thread ends: its area goes, unless it holds a FORGET libfuse read
+ * and dropped on its way out (a worker told to stop), left for the next.
+ */
+static void sfs_rx_exit(void *p)
+{
+	struct fuse_forget_one single;
+	const struct fuse_forget_one *one;
+	struct sfs_rx *rx = p;
+
+	if (sfs_rx_forgets(rx, &single, &one) <= atomic_load(&rx->done))
+		sfs_rx_free(rx);
+}
+
+static void sfs_rx_key_create(void)
+{
+	if (pthread_key_create(&sfs_rx_key, sfs_rx_exit) != 0)
+		sfs_rx_key = (pthread_key_t)-1;
+}
+
+/*
+ * Where this thread reads the first *SIZE bytes of its next request, in
+ * the shared memory; NULL without one (or out of it): then libfuse's
+ * buffer takes it all.
+ */
+void *sfs_forget_rx(size_t *size)
+{
+	struct sfs_rx *rx = sfs_rx;
+
+	sfs_rx_fresh = false;
+	if (!sfs_shm)
+		return NULL;
+	if (!rx) {
+		pthread_once(&sfs_rx_once, sfs_rx_key_create);
+		if (sfs_rx_key == (pthread_key_t)-1)
+			return NULL;
+		rx = sfs_shm_alloc(sizeof(*rx));
+		if (!rx)
+			return NULL;
+		if (pthread_setspecific(sfs_rx_key, rx) != 0) {
+			sfs_shm_free(rx);
+			return NULL;
+		}
+		sfs_shm_tag(rx, SFS_SHM_RX);
+		sfs_rx = rx;
+	}
+	/*
+	 * The FORGET before is done: first no FORGET, then nothing done.
+	 * The other way round, a worker killed in between would leave its
+	 * successor a FORGET to do again.
+	 */
+	__atomic_store_n(&rx->in.opcode, 0, __ATOMIC_SEQ_CST);
+	atomic_store(&rx->done, 0);
+	sfs_rx_fresh = true;
+	*size = SFS_RX_SHARED;
+	return rx->data;
+}
+
+/*
+ * A request was read: a FORGET or BATCH_FORGET (LEN bytes at BUF, which
+ * the kernel wrote whole) that did not fit in the thread's area is
+ * written down at once, for its handler.
+ */
+void sfs_forget_read(const void *buf, size_t len)
+{
+	struct fuse_forget_one single;
+	const struct fuse_forget_one *one;
+	uint32_t count = sfs_forget_parse(buf, len, &single, &one);
+	bool fresh = sfs_rx_fresh;
+
+	sfs_rx_fresh = false;
+	sfs_forget_pending = NULL;
+	if (count && !(fresh && len <= SFS_RX_SHARED))
+		sfs_forget_pending = sfs_forgets_new(count, one, NULL);
+}
+
+/*
+ * Where the FORGET of COUNT entries libfuse hands on was written down:
+ * the thread's area, or sfs_forget_pending's journal (NULL: nowhere).
+ */
+static _Atomic uint32_t *sfs_forget_record(size_t count,
+					    struct fuse_forget_data *forgets)
+{
+	struct sfs_forgets *j = sfs_forget_pending;
+	struct fuse_forget_one single;
+	const struct fuse_forget_one *one;
+
+	/* libfuse hands on what was read, in order; anything else: anew */
+	if (j && j->count == count)
+		return &j->done;
+	if (j) {
+		sfs_shm_tag(j, SFS_SHM_OTHER);
+		sfs_shm_free(j);
+	}
+	sfs_forget_pending = NULL;
+	if (sfs_rx && sfs_rx_forgets(sfs_rx, &single, &one) == count &&
+	    atomic_load(&sfs_rx->done) == 0)
+		return &sfs_rx->done;
+	sfs_forget_pending = sfs_forgets_new(count, NULL, forgets);
+	return sfs_forget_pending ? &sfs_forget_pending->done : NULL;
 }
 
 void sfs_forget_batch(size_t count, struct fuse_forget_data *forgets)
 {
+	_Atomic uint32_t *done = sfs_forget_record(count, forgets);
 	struct sfs_forgets *j = sfs_forget_pending;
 
-	/* libfuse hands on what was read, in order; anything else: anew */
 	sfs_forget_pending = NULL;
-	if (j && j->count != count) {
-		sfs_shm_tag(j, SFS_SHM_OTHER);
-		sfs_shm_free(j);
-		j = NULL;
-	}
-	if (!j)
-		j = sfs_forgets_new(count, NULL, forgets);
 	for (size_t i = 0; i < count; i++) {
-		if (j)
-			atomic_store(&j->done, (uint32_t)i + 1);
+		if (done)
+			atomic_store(done, (uint32_t)i + 1);
 		sfs_node_forget(sfs_node_get(forgets[i].ino),
 				forgets[i].nlookup);
 	}
@@ -305,6 +447,20 @@ static void sfs_forgets_finish(void *p, void *arg)
 	sfs_shm_free(j);
 }
 
+/* A dead worker's thread's area: the FORGET it read and left undone. */
+static void sfs_rx_finish(void *p, void *arg)
+{
+	struct fuse_forget_one single;
+	const struct fuse_forget_one *one;
+	struct sfs_rx *rx = p;
+	uint32_t count = sfs_rx_forgets(rx, &single, &one);
+
+	for (uint32_t i = atomic_load(&rx->done); i < count; i++)
+		atomic_fetch_sub(&sfs_node_get(one[i].nodeid)->nlookup,
+				 one[i].nlookup);
+	sfs_rx_free(rx);
+}
+
 static void sfs_replying_keep(void *p, void *arg)
 {
 	struct sfs_replying *r = p;
@@ -346,6 +502,7 @@ void sfs_resend_takeover(void)
 			sfs->unreplied[slot++] = r;
 	}
 	sfs_shm_walk(SFS_SHM_FORGET, sfs_forgets_finish, NULL);
+	sfs_shm_walk(SFS_SHM_RX, sfs_rx_finish, NULL);
 	sfs_shm_walk(SFS_SHM_REPLY, sfs_replying_keep, &slot);
 	sfs_unreplied_first_new = 0;
 	atomic_store(&sfs_unreplied_open, slot > 0);

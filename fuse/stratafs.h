@@ -673,6 +673,9 @@ void sfs_tmpfile_request(int fd, const void *buf, size_t len);
 struct fuse_forget_data;
 void sfs_forget_batch(size_t count, struct fuse_forget_data *forgets);
 void sfs_forget_read(const void *buf, size_t len);
+/* a request's first bytes read into the shared memory: a page, with DONE */
+#define SFS_RX_SHARED (4096 - 8)
+void *sfs_forget_rx(size_t *size);
 void sfs_resend_counted(struct sfs_node *n);
 void sfs_resend_request(uint64_t unique, bool resent);
 void sfs_resend_replied(uint64_t unique);
@@ -850,6 +853,7 @@ enum sfs_shm_tag {
 	SFS_SHM_FILE,	/* an open file handle */
 	SFS_SHM_FORGET,	/* FORGETs being done (resend.c) */
 	SFS_SHM_REPLY,	/* lookups counted for a reply (resend.c) */
+	SFS_SHM_RX,	/* where a thread reads requests (resend.c) */
 };
 
 struct sfs_shm {

@@ -8,7 +8,8 @@
  *    carries FUSE_UNIQUE_RESEND) is noted for its handler, which may find
  *    its work done already (sfs_req_resent), and for the lookup counts
  *    (resend.c), as is each reply that went out; a FORGET is written
- *    down the moment it is read (resend.c);
+ *    down the moment it is read: the start of every request is read
+ *    into the shared memory (resend.c);
  *  - a request that came over io_uring is answered there (uring.c);
  *  - a reply can be captured instead of sent: the INIT exchange, which a
  *    new worker replays without the kernel ever seeing it (handshake.c).
@@ -73,11 +74,38 @@ bool sfs_transport_request(int fd, const void *buf, size_t len)
 		return true;
 	sfs_resent = in->unique & SFS_UNIQUE_RESEND;
 	sfs_resend_request(in->unique, sfs_resent);
+	/* as a worker killed on its way out of read(2) dies: tests */
+	if (in->opcode == FUSE_FORGET || in->opcode == FUSE_BATCH_FORGET)
+		sfs_crash_after("forget.read");
 	sfs_forget_read(buf, len);
 	if (in->opcode != FUSE_TMPFILE)
 		return true;
 	sfs_tmpfile_request(fd, buf, len);
 	return false;
+}
+
+/*
+ * Reads a request into BUF (LEN bytes), its start by way of the thread's
+ * area in the shared memory, where a FORGET outlives a thread killed
+ * before its handler ran (resend.c).
+ */
+static ssize_t sfs_transport_read(int fd, char *buf, size_t len)
+{
+	size_t head;
+	char *rx = sfs_forget_rx(&head);
+	struct iovec iov[2];
+	ssize_t n;
+
+	if (!rx)
+		return read(fd, buf, len);
+	if (head > len)
+		head = len;
+	iov[0] = (struct iovec){ rx, head };
+	iov[1] = (struct iovec){ buf + head, len - head };
+	n = readv(fd, iov, 2);
+	if (n > 0)
+		memcpy(buf, rx, (size_t)n < head ? (size_t)n : head);
+	return n;
 }
 
 static ssize_t sfs_hook_read(int fd, void *buf, size_t len, void *userdata)
@@ -91,7 +119,7 @@ static ssize_t sfs_hook_read(int fd, void *buf, size_t len, void *userdata)
 		 * this thread's (gate.c).
 		 */
 		sfs_gate_leave();
-		n = read(fd, buf, len);
+		n = sfs_transport_read(fd, buf, len);
 
 		if (n < 0 || sfs_transport_request(fd, buf, (size_t)n))
 			return n;

@@ -222,6 +222,36 @@ def test_no_descriptor_left_over_after_kills(stratafs_only, tmp_path):
                                                  extra)
 
 
+def test_forget_read_by_a_dying_worker_is_done(stratafs_only, tmp_path):
+    """The kernel hands a FORGET over even to a thread already killed: a
+    worker that dies with one read and not handled (STRATAFS_CRASH_AFTER
+    aborts it right after the read) leaves it to the next, which does it:
+    the nodes go."""
+    sock = str(tmp_path / "ctl")
+    env = dict(os.environ, STRATAFS_CRASH_AFTER="forget.read")
+    u = stratafs_only.make([{"a": "a"}], extra_opts=[f"control={sock}"],
+                           env=env)
+    w = worker_of(u)
+    for i in range(20):
+        name = u.path(f"f{i}")
+        with open(name, "w") as f:
+            f.write("x")
+        os.stat(name)
+        os.unlink(name)
+    # the unlinks' FORGETs come as the kernel drops the inodes
+    deadline = time.monotonic() + 30
+    while True:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("2")
+        os.stat(u.mnt)
+        nodes = nodes_of(sock)
+        if nodes == 0 and worker_of(u) != w:
+            break
+        assert time.monotonic() < deadline, (nodes, u.stderr())
+        time.sleep(0.1)
+    assert u.stderr().count("worker died of signal 6") == 1
+
+
 def test_workdir_left_clean(stratafs_only, tmp_path):
     u = stratafs_only.make(layers())
     loads = start_loads(u, ("churn", "lister"), 5, str(tmp_path))
