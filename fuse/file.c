@@ -69,6 +69,7 @@ int sfs_file_open(struct sfs_node *n, int flags, struct sfs_file **out)
 	sfs_node_ref(n);
 	sfs_handle_add(&sfs->files, &f->link);
 	sfs_shm_tag(f, SFS_SHM_FILE);
+	sfs_resend_opened(f);
 	*out = f;
 	return 0;
 }
@@ -129,6 +130,7 @@ static void sfs_file_close_usage(struct sfs_file *f)
 
 void sfs_file_close(struct sfs_file *f)
 {
+	sfs_resend_closed(f);
 	/* untagged first: a successor never takes over a handle half closed */
 	sfs_shm_tag(f, SFS_SHM_OTHER);
 	sfs_pass_release(f);
@@ -289,6 +291,7 @@ void sfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 			return;
 		}
 	}
+	sfs_crash_after(f->node->name);
 	if (sfs_file_reply(req, f, fi, NULL) != 0)
 		sfs_file_close(f);
 }

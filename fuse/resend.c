@@ -22,13 +22,14 @@
  *
  *  - A reply that names nodes (LOOKUP, CREATE, READDIRPLUS...) counts a
  *    lookup for each before it goes out, as the kernel will once it has
- *    it. A worker that dies before the reply is out leaves counts the
- *    kernel never got. Each thread writes down the nodes it counted for
- *    the request in hand (after counting, so that nothing is ever undone
- *    that was not done), and clears the list once the reply is out. A
- *    new worker keeps the lists it finds; when the kernel sends one of
- *    those requests again, that reply never reached it, and the counts
- *    are undone. The kernel queues all it sends again ahead of anything
+ *    it, and an OPEN or CREATE makes a handle. A worker that dies before
+ *    the reply is out leaves counts the kernel never got, and a handle it
+ *    will never release. Each thread writes down the nodes it counted
+ *    and the handles it made for the request in hand (after making them,
+ *    so that nothing is ever undone that was not done), and clears the
+ *    list once the reply is out. A new worker keeps the lists it finds;
+ *    when the kernel sends one of those requests again, that reply never
+ *    reached it: the counts are undone and the handles closed. The kernel queues all it sends again ahead of anything
  *    new, so once a new request is read, every request sent again has
  *    been read too; but threads read side by side, and one may still be
  *    on its way from its read to here with a request sent again while
@@ -36,9 +37,9 @@
  *    dropped (replies that did reach the kernel) only once a new request
  *    comes SFS_RESEND_GRACE_NS after the first new one; until then, and
  *    across the takeovers of workers killed sooner, a list waits for a
- *    request with its unique, which only a resend can bring. Dropping them at the first new
- *    request left counts the kernel never had, and their nodes until the
- *    unmount: a listing's worth per death.
+ *    request with its unique, which only a resend can bring. Dropping
+ *    them at the first new request left counts the kernel never had, and
+ *    their nodes until the unmount: a listing's worth per death.
  *
  *  - A request that cannot be done twice (RENAME_EXCHANGE swaps back)
  *    writes down on the same list how far it got (sfs_resend_step):
@@ -82,10 +83,12 @@ struct sfs_replying {
 	_Atomic uint32_t step;		/* how far it got (sfs_resend_step) */
 	uint32_t cap;
 	_Atomic uint32_t count;
-	struct sfs_node *node[];
+	uintptr_t ent[];	/* a node, or a handle (SFS_REPLYING_FILE) */
 };
 
 #define SFS_REPLYING_MIN 64
+/* the low bit of an entry: a handle opened, not a lookup counted */
+#define SFS_REPLYING_FILE 1
 
 /* This thread's list, in the shared memory. */
 static __thread struct sfs_replying *sfs_replying;
@@ -303,13 +306,13 @@ static struct sfs_replying *sfs_replying_room(void)
 
 	if (r && count < r->cap)
 		return r;
-	big = sfs_shm_alloc(sizeof(*big) + cap * sizeof(big->node[0]));
+	big = sfs_shm_alloc(sizeof(*big) + cap * sizeof(big->ent[0]));
 	if (!big)
 		return NULL;
 	big->cap = cap;
 	atomic_store(&big->unique, sfs_unique);
 	if (r) {
-		memcpy(big->node, r->node, count * sizeof(r->node[0]));
+		memcpy(big->ent, r->ent, count * sizeof(r->ent[0]));
 		atomic_store(&big->step, atomic_load(&r->step));
 	}
 	atomic_store(&big->count, count);
@@ -339,8 +342,8 @@ static struct sfs_replying *sfs_replying_mine(void)
 	return sfs_replying_room();
 }
 
-/* N was counted for the reply to the request in hand. */
-void sfs_resend_counted(struct sfs_node *n)
+/* ENT was made for the reply to the request in hand. */
+static void sfs_replying_add(uintptr_t ent)
 {
 	struct sfs_replying *r;
 	uint32_t count;
@@ -351,8 +354,40 @@ void sfs_resend_counted(struct sfs_node *n)
 	if (!r)
 		return;
 	count = atomic_load(&r->count);
-	r->node[count] = n;
+	r->ent[count] = ent;
 	atomic_store(&r->count, count + 1);
+}
+
+/* N was counted for the reply to the request in hand. */
+void sfs_resend_counted(struct sfs_node *n)
+{
+	sfs_replying_add((uintptr_t)n);
+}
+
+/*
+ * F was opened for the reply to the request in hand: a worker that dies
+ * before the reply is out leaves a handle the kernel will never release.
+ */
+void sfs_resend_opened(struct sfs_file *f)
+{
+	sfs_replying_add((uintptr_t)f | SFS_REPLYING_FILE);
+}
+
+/*
+ * F is closed before the reply (an error after the open): off the list
+ * first, in one store (0 stands for nothing), so that a resend never
+ * closes it twice.
+ */
+void sfs_resend_closed(struct sfs_file *f)
+{
+	struct sfs_replying *r = sfs_replying;
+	uintptr_t ent = (uintptr_t)f | SFS_REPLYING_FILE;
+
+	if (!r || atomic_load(&r->unique) != sfs_unique)
+		return;
+	for (uint32_t i = 0; i < atomic_load(&r->count); i++)
+		if (r->ent[i] == ent)
+			r->ent[i] = 0;
 }
 
 /* The request in hand got as far as STEP; 0 is the start. */
@@ -383,11 +418,17 @@ void sfs_resend_replied(uint64_t unique)
 	}
 }
 
-/* The counts of a reply that never reached the kernel. */
+/* The counts and handles of a reply that never reached the kernel. */
 static void sfs_replying_undo(struct sfs_replying *r)
 {
-	for (uint32_t i = 0; i < atomic_load(&r->count); i++)
-		sfs_node_forget(r->node[i], 1);
+	for (uint32_t i = 0; i < atomic_load(&r->count); i++) {
+		uintptr_t ent = r->ent[i];
+
+		if (ent & SFS_REPLYING_FILE)
+			sfs_file_close((struct sfs_file *)(ent & ~SFS_REPLYING_FILE));
+		else if (ent)
+			sfs_node_forget((struct sfs_node *)ent, 1);
+	}
 	sfs_shm_tag(r, SFS_SHM_OTHER);
 	sfs_shm_free(r);
 }

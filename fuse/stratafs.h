@@ -677,6 +677,8 @@ void sfs_forget_read(const void *buf, size_t len);
 #define SFS_RX_SHARED (4096 - 8)
 void *sfs_forget_rx(size_t *size);
 void sfs_resend_counted(struct sfs_node *n);
+void sfs_resend_opened(struct sfs_file *f);
+void sfs_resend_closed(struct sfs_file *f);
 void sfs_resend_request(uint64_t unique, bool resent);
 void sfs_resend_replied(uint64_t unique);
 void sfs_resend_takeover(void);
