@@ -11,6 +11,7 @@
 #include <fcntl.h>
 #include <linux/fs.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <sys/ioctl.h>
 #include <sys/xattr.h>
 #include <unistd.h>
@@ -291,7 +292,12 @@ void sfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 			return;
 		}
 	}
-	sfs_crash_after(f->node->name);
+	if (sfs_crash_after_name) {
+		char point[NAME_MAX + sizeof("open.")];
+
+		snprintf(point, sizeof(point), "open.%s", f->node->name);
+		sfs_crash_after(point);
+	}
 	if (sfs_file_reply(req, f, fi, NULL) != 0)
 		sfs_file_close(f);
 }

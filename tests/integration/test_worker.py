@@ -260,7 +260,7 @@ def test_open_sent_again_leaves_no_handle(stratafs_only, tmp_path):
     got, so never releases: the next worker closes it when the OPEN comes
     again, and the node goes once the file is closed and forgotten."""
     sock = str(tmp_path / "ctl")
-    env = dict(os.environ, STRATAFS_CRASH_AFTER="victim")
+    env = dict(os.environ, STRATAFS_CRASH_AFTER="open.victim")
     u = stratafs_only.make([{"victim": "lower data"}],
                            extra_opts=[f"control={sock}"], env=env)
     w = worker_of(u)
