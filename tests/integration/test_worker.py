@@ -173,6 +173,20 @@ def nodes_of(sock):
     return int(text[len("nodes="):])
 
 
+def all_forgotten(u, sock, timeout=30):
+    """Drops the kernel's unused entries until the daemon keeps no node."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("2")
+        os.stat(u.mnt)
+        nodes = nodes_of(sock)
+        if nodes == 0:
+            return
+        assert time.monotonic() < deadline, (nodes, u.stderr())
+        time.sleep(0.1)
+
+
 def settled(u, sock):
     """The descriptors of a fresh worker (its own: none yet), by what they
     are open on, and the daemon's node count, once the kernel forgot every
@@ -241,16 +255,8 @@ def test_forget_read_by_a_dying_worker_is_done(stratafs_only, tmp_path):
         os.stat(name)
         os.unlink(name)
     # the unlinks' FORGETs come as the kernel drops the inodes
-    deadline = time.monotonic() + 30
-    while True:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("2")
-        os.stat(u.mnt)
-        nodes = nodes_of(sock)
-        if nodes == 0 and worker_of(u) != w:
-            break
-        assert time.monotonic() < deadline, (nodes, u.stderr())
-        time.sleep(0.1)
+    all_forgotten(u, sock)
+    assert worker_of(u) != w
     assert u.stderr().count("worker died of signal 6") == 1
 
 
@@ -268,16 +274,7 @@ def test_open_sent_again_leaves_no_handle(stratafs_only, tmp_path):
         assert f.read() == "lower data"
     assert worker_of(u) != w
     assert u.stderr().count("worker died of signal 6") == 1
-    deadline = time.monotonic() + 30
-    while True:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("2")
-        os.stat(u.mnt)
-        nodes = nodes_of(sock)
-        if nodes == 0:
-            break
-        assert time.monotonic() < deadline, nodes
-        time.sleep(0.1)
+    all_forgotten(u, sock)
 
 
 def test_workdir_left_clean(stratafs_only, tmp_path):
