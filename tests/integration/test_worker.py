@@ -229,13 +229,14 @@ def test_no_descriptor_left_over_after_kills(stratafs_only, tmp_path):
                                                       "socket:"))]
     assert not collections.Counter(before) - collections.Counter(after)
     # a death can still leave a lookup counted that the kernel never had,
-    # or the entry of a FORGET in hand undone (the few instructions
-    # resend.c names): its node stays until the unmount, with the
-    # directory above it, which it holds; no more than that per kill (a
-    # FORGET lost whole, or a reply's counts kept, left dozens)
+    # or the entry of a FORGET in hand undone, in the few instructions
+    # resend.c names: such a node stays until the unmount, with the
+    # directory above it, which it holds. Once over the six kills at most
+    # (0 in 28 runs beside a CPU hog; before the FORGETs read into the
+    # shared memory and the handles on the reply's list, 2 to 6 nodes in
+    # most runs)
     extra = collections.Counter(after) - collections.Counter(before)
-    assert nodes_after - nodes_before <= 2 * 6, (nodes_before, nodes_after,
-                                                 extra)
+    assert nodes_after - nodes_before <= 2, (nodes_before, nodes_after, extra)
 
 
 def test_forget_read_by_a_dying_worker_is_done(stratafs_only, tmp_path):
