@@ -673,8 +673,11 @@ void sfs_tmpfile_request(int fd, const void *buf, size_t len);
 struct fuse_forget_data;
 void sfs_forget_batch(size_t count, struct fuse_forget_data *forgets);
 void sfs_forget_read(const void *buf, size_t len);
-/* a request's first bytes read into the shared memory: a page, with DONE */
-#define SFS_RX_SHARED (4096 - 8)
+/*
+ * A request's first bytes read into the shared memory: with DONE and the
+ * block's header, the 4 KiB class (shm.c); 8 bytes more took 8 KiB.
+ */
+#define SFS_RX_SHARED (4096 - 16)
 void *sfs_forget_rx(size_t *size);
 void sfs_resend_counted(struct sfs_node *n);
 void sfs_resend_opened(struct sfs_file *f);
