@@ -29,8 +29,9 @@
  *    so that nothing is ever undone that was not done), and clears the
  *    list once the reply is out. A new worker keeps the lists it finds;
  *    when the kernel sends one of those requests again, that reply never
- *    reached it: the counts are undone and the handles closed. The kernel queues all it sends again ahead of anything
- *    new, so once a new request is read, every request sent again has
+ *    reached it: the counts are undone and the handles closed. The
+ *    kernel queues all it sends again ahead of anything new, so once a
+ *    new request is read, every request sent again has
  *    been read too; but threads read side by side, and one may still be
  *    on its way from its read to here with a request sent again while
  *    another already handles a new one. So the lists left over are
@@ -163,7 +164,8 @@ static uint32_t sfs_forget_parse(const void *buf, size_t len,
 }
 
 /* The FORGET whose record the area is, if any: its entries, as above. */
-static uint32_t sfs_rx_forgets(struct sfs_rx *rx, struct fuse_forget_one *single,
+static uint32_t sfs_rx_forgets(struct sfs_rx *rx,
+			       struct fuse_forget_one *single,
 			       const struct fuse_forget_one **one)
 {
 	if (rx->in.len > SFS_RX_SHARED)
