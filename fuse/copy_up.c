@@ -83,12 +83,12 @@ static int sfs_copy_up_reg(struct sfs_node *n, const char *tmp,
 	if (out < 0)
 		return -errno;
 	if (data && st->st_size > 0) {
-		in = sfs_reopen(n->lower[0].fd, O_RDONLY);
+		in = sfs_reopen(sfs_node_lower(n)[0].fd, O_RDONLY);
 		if (in < 0) {
 			ret = in;
 			goto out;
 		}
-		prog = sfs_progress_begin(in, n->lower[0].layer, st->st_size);
+		prog = sfs_progress_begin(in, sfs_node_lower(n)[0].layer, st->st_size);
 		ret = sfs_copy_data(in, out, st->st_size, prog);
 		sfs_progress_end(prog);
 		if (ret < 0)
@@ -115,7 +115,7 @@ static int sfs_copy_up_other(struct sfs_node *n, const char *tmp,
 			return -errno;
 		break;
 	case S_IFLNK:
-		len = readlinkat(n->lower[0].fd, "", target, sizeof(target));
+		len = readlinkat(sfs_node_lower(n)[0].fd, "", target, sizeof(target));
 		if (len < 0)
 			return -errno;
 		if ((size_t)len >= sizeof(target))
@@ -143,7 +143,7 @@ static int sfs_copy_up_xattrs(struct sfs_node *n, const char *tmp,
 	if (S_ISLNK(st->st_mode))
 		ret = sfs_xpath_lower_name(&from, n->parent, n);
 	else
-		ret = sfs_xpath_fd(&from, n->lower[0].fd);
+		ret = sfs_xpath_fd(&from, sfs_node_lower(n)[0].fd);
 	if (ret == 0)
 		ret = sfs_xpath_entry(&to, sfs->tmpfd, tmp);
 	return ret < 0 ? ret : sfs_xattr_copy(&from, &to);
@@ -216,6 +216,7 @@ static int sfs_copy_up_index(struct sfs_node *n, const char *tmp,
 static int sfs_copy_up_build(struct sfs_node *n, int dirfd, bool data,
 			     const struct stat *lst, struct stat *cst)
 {
+	struct sfs_entry *low = sfs_node_lower(n);
 	struct sfs_fh fh = { 0 };
 	struct stat st = *lst, pst;
 	char tmp[64];
@@ -225,8 +226,7 @@ static int sfs_copy_up_build(struct sfs_node *n, int dirfd, bool data,
 	if (ret < 0)
 		return ret;
 	/* a lower filesystem without handles gets no origin, as in the kernel */
-	if (sfs_fh_encode(n->lower[0].fd, &sfs->lower[n->lower[0].layer - 1],
-			  &fh) < 0)
+	if (sfs_fh_encode(low->fd, &sfs->lower[low->layer - 1], &fh) < 0)
 		fh.len = 0;
 	if (dirfd < 0 && !fh.len)
 		return -EIO;	/* sfs_copy_up_mode checked it can */
@@ -283,7 +283,7 @@ static int sfs_copy_up_locked(struct sfs_node *n, int dirfd, bool data)
 	int64_t claimed;
 	int ret;
 
-	ret = sfs_fstat(n->lower[0].fd, &st);
+	ret = sfs_fstat(sfs_node_lower(n)[0].fd, &st);
 	if (ret < 0)
 		return ret;
 	/*
@@ -314,9 +314,9 @@ static bool sfs_copy_up_indexed(struct sfs_node *n)
 	struct stat st;
 
 	return !S_ISDIR(n->type) && sfs->indexfd >= 0 && n->nlower &&
-	       sfs_fstat(n->lower[0].fd, &st) == 0 && st.st_nlink > 1 &&
-	       sfs_fh_encode(n->lower[0].fd,
-			     &sfs->lower[n->lower[0].layer - 1], &fh) == 0;
+	       sfs_fstat(sfs_node_lower(n)[0].fd, &st) == 0 && st.st_nlink > 1 &&
+	       sfs_fh_encode(sfs_node_lower(n)[0].fd,
+			     &sfs->lower[sfs_node_lower(n)[0].layer - 1], &fh) == 0;
 }
 
 static int sfs_copy_up_mode(struct sfs_node *n, bool data)

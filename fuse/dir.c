@@ -391,7 +391,7 @@ static int sfs_prepare_nlink_change(struct sfs_node *n)
 
 	if (S_ISDIR(n->type) || atomic_load(&n->has_upper))
 		return 0;
-	ret = sfs_fstat(n->lower[0].fd, &st);
+	ret = sfs_fstat(sfs_node_lower(n)[0].fd, &st);
 	if (ret == 0 && st.st_nlink > 1)
 		ret = sfs_copy_up(n);
 	return ret;
@@ -411,7 +411,7 @@ static void sfs_node_removed(struct sfs_node *n)
 	else if (upper >= 0)
 		gone = sfs_fstat(upper, &st) == 0 && st.st_nlink == 0;
 	else
-		gone = sfs_fstat(n->lower[0].fd, &st) == 0 && st.st_nlink <= 1;
+		gone = sfs_fstat(sfs_node_lower(n)[0].fd, &st) == 0 && st.st_nlink <= 1;
 	if (gone)
 		sfs_node_unhash(n);
 	sfs_lock(&n->lock);
@@ -555,6 +555,7 @@ static int sfs_lower_path(struct sfs_node *n, char *buf, size_t size)
 	char *names[PATH_MAX / 2];
 	struct sfs_node *p = n, *up;
 	size_t count = 0, len = 0;
+	const char *redirect;
 	int ret = 0;
 
 	/*
@@ -565,8 +566,9 @@ static int sfs_lower_path(struct sfs_node *n, char *buf, size_t size)
 	sfs_node_ref(p);
 	while (p != sfs->root) {
 		sfs_lock(&p->lock);
-		if (p->di->redirect && p->di->redirect[0] == '/') {
-			len = snprintf(buf, size, "%s", p->di->redirect);
+		redirect = sfs_node_di(p)->redirect;
+		if (redirect && redirect[0] == '/') {
+			len = snprintf(buf, size, "%s", redirect);
 			sfs_unlock(&p->lock);
 			break;
 		}
@@ -575,7 +577,7 @@ static int sfs_lower_path(struct sfs_node *n, char *buf, size_t size)
 			ret = -ENAMETOOLONG;
 			goto out;
 		}
-		names[count] = strdup(p->di->redirect ? p->di->redirect : p->name);
+		names[count] = strdup(redirect ? redirect : p->name);
 		up = p->parent;
 		sfs_node_ref(up);
 		sfs_unlock(&p->lock);
@@ -614,8 +616,8 @@ static int sfs_rename_redirect(struct sfs_node *n, bool samedir)
 	if (!S_ISDIR(n->type) || n->nlower == 0)
 		return 0;
 	sfs_lock(&n->lock);
-	ret = n->di->redirect &&
-	      (samedir || n->di->redirect[0] == '/') ? 1 : 0;
+	ret = sfs_node_di(n)->redirect &&
+	      (samedir || sfs_node_di(n)->redirect[0] == '/') ? 1 : 0;
 	if (!ret && samedir)
 		snprintf(path, sizeof(path), "%s", n->name);
 	sfs_unlock(&n->lock);
@@ -631,8 +633,8 @@ static int sfs_rename_redirect(struct sfs_node *n, bool samedir)
 	ret = sfs_set_redirect(sfs_upper(n), path);
 	sfs_lock(&n->lock);
 	if (ret == 0) {
-		sfs_shm_free(n->di->redirect);
-		n->di->redirect = dup;
+		sfs_shm_free(sfs_node_di(n)->redirect);
+		sfs_node_di(n)->redirect = dup;
 	} else {
 		sfs_shm_free(dup);
 	}
@@ -654,7 +656,7 @@ static int sfs_rename_opaque(struct sfs_node *n, struct sfs_node *dir,
 	if (!S_ISDIR(n->type) || n->nlower > 0)
 		return 0;
 	sfs_lock(&n->lock);
-	opaque = n->di->opaque;
+	opaque = sfs_node_di(n)->opaque;
 	sfs_unlock(&n->lock);
 	if (opaque)
 		return 0;
@@ -664,7 +666,7 @@ static int sfs_rename_opaque(struct sfs_node *n, struct sfs_node *dir,
 	positive = sfs_set_opaque(sfs_upper(n));
 	if (positive == 0) {
 		sfs_lock(&n->lock);
-		n->di->opaque = true;
+		sfs_node_di(n)->opaque = true;
 		sfs_unlock(&n->lock);
 	}
 	return positive;

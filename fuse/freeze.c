@@ -141,7 +141,7 @@ static int sfs_freeze_count(struct sfs_node *n)
 {
 	if (!atomic_load(&n->has_upper) || sfs_freeze_nameless(n))
 		return n->nlower;
-	if (!S_ISDIR(n->type) || (n->di->opaque && n != sfs->root))
+	if (!S_ISDIR(n->type) || (sfs_node_di(n)->opaque && n != sfs->root))
 		return 1;
 	return n->nlower + 1;
 }
@@ -152,8 +152,7 @@ static int sfs_freeze_count(struct sfs_node *n)
  */
 static int sfs_freeze_room(struct sfs_node *n)
 {
-	return n->lower == sfs_node_inline_lower(n) ? n->lower_room :
-						      n->nlower;
+	return n->lower_out ? n->nlower : n->lower_room;
 }
 
 static bool sfs_freeze_grows(struct sfs_node *n)
@@ -228,7 +227,7 @@ static struct sfs_entry *sfs_freeze_array(struct sfs_freeze *z,
 	struct sfs_entry *a;
 
 	if (!sfs_freeze_grows(n))
-		return n->lower;
+		return sfs_node_lower(n);
 	/* listed, by the same test on the same node: a miss is a bug */
 	if (z->grow_next == z->ngrow || z->grow[z->grow_next].node != n)
 		abort();
@@ -241,27 +240,31 @@ static struct sfs_entry *sfs_freeze_array(struct sfs_freeze *z,
 static void sfs_freeze_node(struct sfs_node *n, void *arg)
 {
 	struct sfs_freeze *z = arg;
-	struct sfs_entry *lower = n->lower;
+	struct sfs_entry *lower = sfs_node_lower(n);
 	struct sfs_entry top = n->up;
 	int count = n->nlower;
 
 	for (int i = 0; i < n->nlower; i++)
-		n->lower[i].layer++;
+		sfs_node_lower(n)[i].layer++;
 	if (!atomic_load(&n->has_upper) || sfs_freeze_nameless(n))
 		return;
 	top.layer = 1;
-	if (!S_ISDIR(n->type) || (n->di->opaque && n != sfs->root)) {
+	if (!S_ISDIR(n->type) || (sfs_node_di(n)->opaque && n != sfs->root)) {
 		/* the frozen entry hid these already */
 		for (int i = 0; i < n->nlower; i++)
-			sfs_freeze_drop_entry(n, &n->lower[i]);
+			sfs_freeze_drop_entry(n, &sfs_node_lower(n)[i]);
 		count = 0;
 	}
 	lower = sfs_freeze_array(z, n);
-	memmove(lower + 1, n->lower, count * sizeof(*lower));
+	memmove(lower + 1, sfs_node_lower(n), count * sizeof(*lower));
 	lower[0] = top;
-	if (lower != n->lower && n->lower != sfs_node_inline_lower(n))
-		sfs_shm_free(n->lower);
-	n->lower = lower;
+	if (lower != sfs_node_lower(n)) {
+		/* the room is free once the entries left it */
+		if (n->lower_out)
+			sfs_shm_free(sfs_node_lower(n));
+		*(struct sfs_entry **)sfs_node_inline_lower(n) = lower;
+		n->lower_out = true;
+	}
 	n->nlower = count + 1;
 	n->up = (struct sfs_entry){ -1, 0, NULL };
 	atomic_store(&n->ublocks, -1);	/* counted no more: usage.c */
@@ -269,16 +272,16 @@ static void sfs_freeze_node(struct sfs_node *n, void *arg)
 	atomic_store(&n->indexed, false);
 	atomic_store(&n->has_origin, false);
 	n->index_nlink = -1;
-	if (n->di) {
+	if (sfs_node_di(n)) {
 		/*
 		 * The markers were the upper directory's: the frozen one
 		 * keeps them, and the node's path in the frozen layer is its
 		 * path in the view, which a later rename's redirect names.
 		 */
-		n->di->opaque = false;
-		n->di->impure = false;
-		sfs_shm_free(n->di->redirect);
-		n->di->redirect = NULL;
+		sfs_node_di(n)->opaque = false;
+		sfs_node_di(n)->impure = false;
+		sfs_shm_free(sfs_node_di(n)->redirect);
+		sfs_node_di(n)->redirect = NULL;
 	}
 }
 

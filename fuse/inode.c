@@ -71,12 +71,6 @@ static int sfs_node_nfds(struct sfs_node *n)
 	return atomic_load(&n->has_upper) + n->nlower;
 }
 
-/* The entries the node's own allocation holds, right after it. */
-struct sfs_entry *sfs_node_inline_lower(struct sfs_node *n)
-{
-	return (struct sfs_entry *)(n + 1);
-}
-
 static char *sfs_node_inline_name(struct sfs_node *n)
 {
 	char *end = (char *)(sfs_node_inline_lower(n) + n->lower_room);
@@ -104,14 +98,11 @@ struct sfs_node *sfs_node_alloc(mode_t type, int nlower, const char *name)
 	n->type = type & S_IFMT;
 	n->nlower = nlower;
 	n->lower_room = room;
-	n->lower = sfs_node_inline_lower(n);
 	n->index_nlink = -1;
 	n->up.fd = -1;
 	n->ublocks = -1;
-	if (S_ISDIR(type)) {
-		n->di = (struct sfs_dirinfo *)(n->lower + room);
-		n->di->subdirs = -1;
-	}
+	if (S_ISDIR(type))
+		sfs_node_di(n)->subdirs = -1;
 	n->name = sfs_node_inline_name(n);
 	memcpy(n->name, name, len);
 	return n;
@@ -139,15 +130,15 @@ static void sfs_node_free(struct sfs_node *n)
 	}
 	for (int i = 0; i < n->nlower; i++) {
 		if (!parked)
-			close(n->lower[i].fd);
-		sfs_shm_free(n->lower[i].fh);
+			close(sfs_node_lower(n)[i].fd);
+		sfs_shm_free(sfs_node_lower(n)[i].fh);
 	}
-	if (n->lower != sfs_node_inline_lower(n))
-		sfs_shm_free(n->lower);
+	if (n->lower_out)
+		sfs_shm_free(sfs_node_lower(n));
 	if (n->name != sfs_node_inline_name(n))
 		sfs_shm_free(n->name);
-	if (n->di) {
-		sfs_shm_free(n->di->redirect);
+	if (sfs_node_di(n)) {
+		sfs_shm_free(sfs_node_di(n)->redirect);
 		sfs_dir_drop_listing(n);
 	}
 	sfs_shm_free(n);
@@ -406,12 +397,13 @@ struct sfs_node *sfs_node_from_found(struct sfs_node *parent,
 	atomic_init(&n->has_upper, f->upper >= 0);
 	atomic_init(&n->busy, 1);	/* pinned for the caller */
 	if (f->nlower)
-		memcpy(n->lower, f->lower, f->nlower * sizeof(*n->lower));
+		memcpy(sfs_node_lower(n), f->lower,
+		       f->nlower * sizeof(struct sfs_entry));
 	atomic_fetch_add(&sfs->node_fds, sfs_node_nfds(n));
-	if (n->di) {
-		n->di->redirect = f->redirect;
-		n->di->opaque = f->opaque;
-		n->di->impure = f->impure;
+	if (sfs_node_di(n)) {
+		sfs_node_di(n)->redirect = f->redirect;
+		sfs_node_di(n)->opaque = f->opaque;
+		sfs_node_di(n)->impure = f->impure;
 	} else {
 		sfs_shm_free(f->redirect);
 	}
@@ -520,7 +512,7 @@ static void sfs_node_park(struct sfs_node *n)
 	if (upper)
 		ret = sfs_entry_handle(&n->up);
 	for (int i = 0; ret == 0 && i < n->nlower; i++)
-		ret = sfs_entry_handle(&n->lower[i]);
+		ret = sfs_entry_handle(&sfs_node_lower(n)[i]);
 	if (ret < 0) {
 		/* this layer's filesystem has no file handles: keep it open */
 		n->no_park = true;
@@ -530,7 +522,7 @@ static void sfs_node_park(struct sfs_node *n)
 	if (upper)
 		close(n->up.fd);
 	for (int i = 0; i < n->nlower; i++)
-		close(n->lower[i].fd);
+		close(sfs_node_lower(n)[i].fd);
 	atomic_fetch_sub(&sfs->node_fds, sfs_node_nfds(n));
 }
 
@@ -545,7 +537,7 @@ static int sfs_node_unpark(struct sfs_node *n)
 	if (ret < 0)
 		goto out_err;
 	for (i = 0; i < n->nlower; i++) {
-		ret = sfs_entry_reopen(&n->lower[i], n->type);
+		ret = sfs_entry_reopen(&sfs_node_lower(n)[i], n->type);
 		if (ret < 0)
 			goto out_close;
 	}
@@ -555,7 +547,7 @@ static int sfs_node_unpark(struct sfs_node *n)
 
 out_close:
 	while (i-- > 0)
-		close(n->lower[i].fd);
+		close(sfs_node_lower(n)[i].fd);
 	if (upper)
 		close(n->up.fd);
 out_err:
@@ -658,7 +650,7 @@ static void sfs_node_fds(void *p, void *set)
 	if (atomic_load(&n->has_upper))
 		sfs_fdset_add(set, n->up.fd);
 	for (int i = 0; i < n->nlower; i++)
-		sfs_fdset_add(set, n->lower[i].fd);
+		sfs_fdset_add(set, sfs_node_lower(n)[i].fd);
 }
 
 static void sfs_node_reset(struct sfs_node *n, struct sfs_fdset *keep)
@@ -666,8 +658,8 @@ static void sfs_node_reset(struct sfs_node *n, struct sfs_fdset *keep)
 	atomic_store(&n->lock.v, 0);
 	atomic_store(&n->busy, 0);
 	atomic_store(&n->refs, atomic_load(&n->nlookup));
-	if (n->di)
-		n->di->listing = NULL;
+	if (sfs_node_di(n))
+		sfs_node_di(n)->listing = NULL;
 	sfs_node_fds(n, keep);
 	if (!atomic_load(&n->parked))
 		atomic_fetch_add(&sfs->node_fds, sfs_node_nfds(n));
@@ -764,7 +756,7 @@ static void sfs_node_leave(void *p, void *arg)
 {
 	struct sfs_node *n = p;
 
-	if (n->di)
+	if (sfs_node_di(n))
 		sfs_dir_drop_listing(n);
 }
 
@@ -849,10 +841,10 @@ int sfs_node_set_name(struct sfs_node *n, struct sfs_node *parent,
  */
 void sfs_node_dir_changed(struct sfs_node *dir, int subdir_delta)
 {
-	atomic_fetch_add(&dir->di->gen, 1);
+	atomic_fetch_add(&sfs_node_di(dir)->gen, 1);
 	sfs_lock(&dir->lock);
-	if (dir->di->subdirs >= 0)
-		dir->di->subdirs += subdir_delta;
+	if (sfs_node_di(dir)->subdirs >= 0)
+		sfs_node_di(dir)->subdirs += subdir_delta;
 	sfs_unlock(&dir->lock);
 }
 
@@ -874,7 +866,7 @@ static int sfs_index_nlink_load(struct sfs_node *n)
 		return ret;
 	lst = st;
 	if (n->nlower)
-		sfs_fstat(n->lower[0].fd, &lst);
+		sfs_fstat(sfs_node_lower(n)[0].fd, &lst);
 	ret = sfs_node_xattr_get(n, sfs->xattr_nlink, buf, sizeof(buf));
 	if (ret >= 0)
 		ret = sfs_nlink_parse(buf, ret, st.st_nlink, lst.st_nlink);
@@ -946,7 +938,7 @@ int sfs_node_datafd(struct sfs_node *n)
 {
 	int upper = sfs_upper(n);
 
-	return upper >= 0 ? upper : n->lower[0].fd;
+	return upper >= 0 ? upper : sfs_node_lower(n)[0].fd;
 }
 
 static bool sfs_node_is_merged_dir(struct sfs_node *n)
@@ -970,14 +962,14 @@ int sfs_node_stat(struct sfs_node *n, struct stat *st)
 
 		/* Counted once, then kept up to date by dir.c. */
 		sfs_lock(&n->lock);
-		subdirs = n->di->subdirs;
+		subdirs = sfs_node_di(n)->subdirs;
 		sfs_unlock(&n->lock);
 		if (subdirs < 0) {
 			ret = sfs_dir_count_subdirs(n, &subdirs);
 			if (ret < 0)
 				return ret;
 			sfs_lock(&n->lock);
-			n->di->subdirs = subdirs;
+			sfs_node_di(n)->subdirs = subdirs;
 			sfs_unlock(&n->lock);
 		}
 		st->st_nlink = 2 + subdirs;

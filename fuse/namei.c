@@ -225,7 +225,7 @@ static int sfs_lookup_lowers(struct sfs_node *dir, struct sfs_lookup *d,
 			     struct sfs_found *f)
 {
 	struct sfs_entry roots[SFS_MAX_LOWERS];
-	const struct sfs_entry *stack = dir->lower;
+	const struct sfs_entry *stack = sfs_node_lower(dir);
 	int n = dir->nlower;
 
 	for (int l = 0; l < sfs->nlower; l++)
@@ -388,7 +388,7 @@ int sfs_lookup_node(struct sfs_node *dir, const char *name,
 	if (ret < 0)
 		return ret;
 	sfs_lock(&dir->lock);
-	impure = dir->di->impure;
+	impure = sfs_node_di(dir)->impure;
 	sfs_unlock(&dir->lock);
 	ret = sfs_found_ino(&f, sfs_upper(dir), name, impure, &ino);
 	if (ret < 0) {
@@ -438,7 +438,7 @@ int sfs_lookup_held(struct sfs_node *dir, const char *name, struct stat *st,
 		return -ENOENT;
 	*state = 2;
 	sfs_lock(&dir->lock);
-	impure = dir->di->impure;
+	impure = sfs_node_di(dir)->impure;
 	sfs_unlock(&dir->lock);
 	/* the inode number exactly as sfs_found_ino makes it */
 	sfs_upper_ino(upper, name, st->st_ino, impure, &ino, NULL);

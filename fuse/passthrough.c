@@ -109,6 +109,7 @@ static int sfs_pass_register(int fd)
 int sfs_pass_open(struct sfs_file *f, int open_flags)
 {
 	struct sfs_node *n = f->node;
+	struct sfs_pass *p;
 	struct stat st;
 	int id = 0;
 
@@ -116,7 +117,7 @@ int sfs_pass_open(struct sfs_file *f, int open_flags)
 	    !atomic_load(&f->upper))
 		return 0;
 	sfs_lock(&n->lock);
-	if (n->npass == 0) {
+	if (!n->pass) {
 		/*
 		 * Another handle is open without: this one must be too. An
 		 * O_APPEND handle stays with the daemon: the kernel opens
@@ -127,23 +128,30 @@ int sfs_pass_open(struct sfs_file *f, int open_flags)
 		 */
 		if (atomic_load(&n->nopen) > 1 || (open_flags & O_APPEND))
 			goto out;
-		n->backing = sfs_pass_register(f->fd);
-		if (!n->backing)
+		p = sfs_shm_alloc(sizeof(*p));
+		if (!p)
+			goto out;	/* through the daemon, as before */
+		p->backing = sfs_pass_register(f->fd);
+		if (!p->backing) {
+			sfs_shm_free(p);
 			goto out;
+		}
+		n->pass = p;
 		n->pass_used = true;
 	}
-	n->npass++;
+	p = n->pass;
+	p->handles++;
 	f->passthrough = true;
 	sfs_count(STRATA_ST_PASS_OPENS, 1);
 	/* the kernel writes it without us: as if written from now on */
 	if ((f->flags & O_ACCMODE) != O_RDONLY) {
 		atomic_fetch_add(&n->dirty, 1);
-		if (!n->pass_wrote && fstat(f->fd, &st) == 0) {
-			n->pass_size = st.st_size;
-			n->pass_wrote = true;
+		if (!p->wrote && fstat(f->fd, &st) == 0) {
+			p->size = st.st_size;
+			p->wrote = true;
 		}
 	}
-	id = n->backing;
+	id = p->backing;
 out:
 	sfs_unlock(&n->lock);
 	return id;
@@ -152,20 +160,21 @@ out:
 void sfs_pass_release(struct sfs_file *f)
 {
 	struct sfs_node *n = f->node;
+	struct sfs_pass *p;
 	struct stat st;
 	uint32_t id;
 
 	if (!f->passthrough)
 		return;
 	sfs_lock(&n->lock);
-	if (--n->npass == 0) {
-		if (n->pass_wrote && fstat(f->fd, &st) == 0 &&
-		    st.st_size > n->pass_size)
+	p = n->pass;
+	if (--p->handles == 0) {
+		if (p->wrote && fstat(f->fd, &st) == 0 && st.st_size > p->size)
 			sfs_count(STRATA_ST_WRITE_BYTES,
-				  (uint64_t)(st.st_size - n->pass_size));
-		n->pass_wrote = false;
-		id = n->backing;
-		n->backing = 0;
+				  (uint64_t)(st.st_size - p->size));
+		id = (uint32_t)p->backing;
+		n->pass = NULL;
+		sfs_shm_free(p);
 		/* after the session, the ids went with the connection */
 		if (sfs->se)
 			ioctl(fuse_session_fd(sfs->se), SFS_IOC_BACKING_CLOSE,

@@ -318,7 +318,7 @@ static int sfs_dir_list_mode(struct sfs_node *dir, bool want_ino,
 	uint64_t parent_ino;
 
 	sfs_lock(&dir->lock);
-	l.impure = dir->di->impure;
+	l.impure = sfs_node_di(dir)->impure;
 	/*
 	 * d_ino 0 would make readdir(3) skip the entry. dir->lock keeps the
 	 * parent: a rename swaps it, and drops the old one, under that lock.
@@ -331,7 +331,8 @@ static int sfs_dir_list_mode(struct sfs_node *dir, bool want_ino,
 	if (ret == 0 && upper >= 0)
 		ret = sfs_list_layer(&l, upper, 0);
 	for (int i = 0; ret == 0 && i < dir->nlower; i++)
-		ret = sfs_list_layer(&l, dir->lower[i].fd, dir->lower[i].layer);
+		ret = sfs_list_layer(&l, sfs_node_lower(dir)[i].fd,
+				     sfs_node_lower(dir)[i].layer);
 	sfs_lister_free(&l);
 	if (ret < 0) {
 		sfs_dirents_free(l.ents, l.count);
@@ -416,7 +417,7 @@ static int sfs_listing_build(struct sfs_node *dir, struct sfs_listing **out)
 		return -ENOMEM;
 	atomic_init(&l->refs, 1);
 	/* read before listing: a change racing the listing makes it stale */
-	l->gen = atomic_load(&dir->di->gen);
+	l->gen = atomic_load(&sfs_node_di(dir)->gen);
 	ret = sfs_dir_list(dir, &l->ents, &l->count);
 	if (ret < 0) {
 		free(l);
@@ -433,8 +434,8 @@ static struct sfs_listing *sfs_listing_kept(struct sfs_node *dir)
 	struct sfs_listing *l;
 
 	sfs_lock(&dir->lock);
-	l = dir->di->listing;
-	if (l && l->gen == atomic_load(&dir->di->gen))
+	l = sfs_node_di(dir)->listing;
+	if (l && l->gen == atomic_load(&sfs_node_di(dir)->gen))
 		atomic_fetch_add(&l->refs, 1);
 	else
 		l = NULL;
@@ -444,7 +445,7 @@ static struct sfs_listing *sfs_listing_kept(struct sfs_node *dir)
 
 static void sfs_listing_detach(struct sfs_node *dir, struct sfs_listing *l)
 {
-	dir->di->listing = NULL;
+	sfs_node_di(dir)->listing = NULL;
 	atomic_fetch_sub(&sfs->listed, (long)l->count);
 }
 
@@ -460,17 +461,17 @@ static void sfs_listing_keep(struct sfs_node *dir, struct sfs_listing *l,
 	struct sfs_listing *drop = NULL;
 
 	sfs_lock(&dir->lock);
-	if (more && dir->di->listing != l) {
-		drop = dir->di->listing;
+	if (more && sfs_node_di(dir)->listing != l) {
+		drop = sfs_node_di(dir)->listing;
 		if (drop)
 			sfs_listing_detach(dir, drop);
 		if (atomic_load(&sfs->listed) + (long)l->count <=
 		    SFS_LISTED_MAX) {
 			atomic_fetch_add(&l->refs, 1);
 			atomic_fetch_add(&sfs->listed, (long)l->count);
-			dir->di->listing = l;
+			sfs_node_di(dir)->listing = l;
 		}
-	} else if (!more && dir->di->listing == l) {
+	} else if (!more && sfs_node_di(dir)->listing == l) {
 		drop = l;
 		sfs_listing_detach(dir, l);
 	}
@@ -482,7 +483,7 @@ static void sfs_listing_keep(struct sfs_node *dir, struct sfs_listing *l,
 /* The node is being freed: nothing else can reach it. */
 void sfs_dir_drop_listing(struct sfs_node *dir)
 {
-	struct sfs_listing *l = dir->di->listing;
+	struct sfs_listing *l = sfs_node_di(dir)->listing;
 
 	if (l) {
 		sfs_listing_detach(dir, l);
@@ -528,7 +529,7 @@ static size_t sfs_add_plus(fuse_req_t req, struct sfs_node *dir,
 	 * its d_ino names the very node behind each name: one the kernel
 	 * already holds needs no lookup through the layers.
 	 */
-	n = atomic_load(&dir->di->gen) == l->gen ?
+	n = atomic_load(&sfs_node_di(dir)->gen) == l->gen ?
 		    sfs_node_find(de->ino, DTTOIF(de->type)) : NULL;
 	if (!n && sfs_lookup_node(dir, de->name, &n) < 0) {
 		*skip = true;	/* gone since the listing */

@@ -132,6 +132,17 @@ struct sfs_dirinfo {
 };
 
 /*
+ * A file's passthrough state, while handles use it (passthrough.c): only
+ * a file in use has it, not every node of a tree.
+ */
+struct sfs_pass {
+	int64_t size;		/* the file's size when wrote began */
+	int32_t backing;	/* the kernel's backing id */
+	uint32_t handles;	/* open passthrough handles */
+	bool wrote;		/* a writer since the first handle */
+};
+
+/*
  * A node is one inode of the merged view: one allocation, sized to it (a
  * big tree keeps one node per entry in memory): the fixed part, the
  * lower entries, the directory part for a directory, then the name.
@@ -172,7 +183,6 @@ struct sfs_node {
 	_Atomic uint64_t nlookup;	/* the kernel's lookups, within refs */
 	struct sfs_node *parent;	/* lock; referenced; NULL for root */
 	char *name;		/* lock: the inline copy, or one a rename made */
-	struct sfs_dirinfo *di;	/* const: directories only, else NULL */
 	int32_t index_nlink;	/* lock: indexed: names in view; -1 unknown */
 	/*
 	 * Descriptors are valid while the node is pinned (sfs_node_pin): an
@@ -202,23 +212,46 @@ struct sfs_node {
 	 * cache the attributes meanwhile. Bumped per write, 0 when synced.
 	 */
 	atomic_uint dirty;
-	int32_t backing;	/* lock: passthrough backing id while npass */
-	/* the upper file's st_blocks as usage.c last counted it; -1 unknown */
-	_Atomic int64_t ublocks;
-	uint32_t npass;		/* lock: open passthrough handles */
-	bool pass_wrote;	/* lock: a passthrough writer since npass was 0 */
 	uint8_t nlower;		/* const, but for a freeze (freeze.c) */
 	uint8_t lower_room;	/* const: entries the node's own allocation holds */
-	int64_t pass_size;	/* lock: the file's size when pass_wrote began */
-	struct sfs_entry up;	/* the upper entry, once has_upper */
 	/*
-	 * nlower entries: in the node's own allocation (lower_room of them,
-	 * right after this struct), or in one of their own once a freeze
-	 * gave the node more layers than that (freeze.c). Changed only by a
-	 * freeze, while no request runs (gate.c).
+	 * The nlower entries (sfs_node_lower) are in the node's own room
+	 * (lower_room of them, right after this struct), or once a freeze
+	 * gave the node more layers than that, in an array of their own
+	 * whose address the room holds (freeze.c). Changed only by a
+	 * freeze, while no request runs (gate.c). A flag, not a pointer:
+	 * 8 bytes a node are 1 MiB over a 130,000-entry tree.
 	 */
-	struct sfs_entry *lower;
+	bool lower_out;
+	/* the upper file's st_blocks as usage.c last counted it; -1 unknown */
+	_Atomic int64_t ublocks;
+	struct sfs_pass *pass;	/* lock: while passthrough handles are open */
+	struct sfs_entry up;	/* the upper entry, once has_upper */
 };
+
+/* The room for lower entries in the node's own allocation. */
+static inline struct sfs_entry *sfs_node_inline_lower(struct sfs_node *n)
+{
+	return (struct sfs_entry *)(n + 1);
+}
+
+static inline struct sfs_entry *sfs_node_lower(struct sfs_node *n)
+{
+	struct sfs_entry *room = sfs_node_inline_lower(n);
+
+	return n->lower_out ? *(struct sfs_entry **)room : room;
+}
+
+/*
+ * A directory's part, after the room for entries (inode.c); NULL for
+ * anything else. Found, not pointed to, for the same reason.
+ */
+static inline struct sfs_dirinfo *sfs_node_di(struct sfs_node *n)
+{
+	return S_ISDIR(n->type) ?
+		(struct sfs_dirinfo *)(sfs_node_inline_lower(n) + n->lower_room) :
+		NULL;
+}
 
 /*
  * Every open handle is on a list, so that the ones whose release the
@@ -454,7 +487,6 @@ void sfs_crash_after(const char *name);
 int sfs_table_init(struct sfs_fs *fs);
 void sfs_table_destroy(struct sfs_fs *fs);
 struct sfs_node *sfs_node_alloc(mode_t type, int nlower, const char *name);
-struct sfs_entry *sfs_node_inline_lower(struct sfs_node *n);
 fuse_ino_t sfs_node_id(struct sfs_node *n);
 struct sfs_node *sfs_node_get(fuse_ino_t nodeid);
 struct sfs_node *sfs_node_find(uint64_t ino, mode_t type);

@@ -380,7 +380,7 @@ static int sfs_setup_root(struct sfs_fs *fs)
 	atomic_init(&r->refs, 1);	/* the kernel's, never forgotten */
 	/* teardown closes them all, also after a failure half way */
 	for (int i = 0; i < fs->nlower; i++)
-		r->lower[i].fd = -1;
+		sfs_node_lower(r)[i].fd = -1;
 	if (sfs_has_upper()) {
 		int fd = dup(fs->upper.fd);
 
@@ -388,12 +388,12 @@ static int sfs_setup_root(struct sfs_fs *fs)
 			return -errno;
 		r->up = (struct sfs_entry){ fd, 0, NULL };
 		atomic_store(&r->has_upper, true);
-		r->di->impure = sfs_dir_is_impure(fd) > 0;
+		sfs_node_di(r)->impure = sfs_dir_is_impure(fd) > 0;
 	}
 	for (int i = 0; i < fs->nlower; i++) {
-		r->lower[i].fd = dup(fs->lower[i].fd);
-		r->lower[i].layer = i + 1;
-		if (r->lower[i].fd < 0)
+		sfs_node_lower(r)[i].fd = dup(fs->lower[i].fd);
+		sfs_node_lower(r)[i].layer = i + 1;
+		if (sfs_node_lower(r)[i].fd < 0)
 			return -errno;
 	}
 	atomic_fetch_add(&fs->node_fds, r->nlower + sfs_has_upper());

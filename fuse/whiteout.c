@@ -105,12 +105,12 @@ int sfs_mark_impure(struct sfs_node *dir)
 	int ret = 0;
 
 	sfs_lock(&dir->lock);
-	if (!dir->di->impure) {
+	if (!sfs_node_di(dir)->impure) {
 		if (fsetxattr(sfs_upper(dir), sfs->xattr_impure, "y",
 			      1, 0) < 0)
 			ret = -errno;
 		else
-			dir->di->impure = true;
+			sfs_node_di(dir)->impure = true;
 	}
 	sfs_unlock(&dir->lock);
 	return ret;

@@ -87,8 +87,8 @@ int sfs_xpath_lower_name(struct sfs_xpath *x, struct sfs_node *parent,
 			 struct sfs_node *n)
 {
 	for (int i = 0; i < parent->nlower; i++)
-		if (parent->lower[i].layer == n->lower[0].layer)
-			return sfs_xpath_entry(x, parent->lower[i].fd, n->name);
+		if (sfs_node_lower(parent)[i].layer == sfs_node_lower(n)[0].layer)
+			return sfs_xpath_entry(x, sfs_node_lower(parent)[i].fd, n->name);
 	return -ESTALE;
 }
 

@@ -37,7 +37,7 @@ static void test_rules(void)
 	CHECK_EQ_INT(fx_lookup(&fx, "a", &n), 0);
 	if (n) {
 		CHECK_EQ_INT(n->nlower, 1);
-		CHECK_EQ_INT(n->lower[0].layer, 1);
+		CHECK_EQ_INT(sfs_node_lower(n)[0].layer, 1);
 		CHECK(!atomic_load(&n->has_upper));
 		sfs_node_release(n);
 	}
@@ -105,7 +105,7 @@ static void test_upper(void)
 	CHECK_EQ_INT(fx_lookup(&fx, "gone", &n), -ENOENT);
 	CHECK_EQ_INT(fx_lookup(&fx, "dir", &n), 0);
 	if (n) {
-		CHECK(n->di->opaque);
+		CHECK(sfs_node_di(n)->opaque);
 		CHECK_EQ_INT(n->nlower, 0);
 		sfs_node_release(n);
 	}
@@ -135,7 +135,7 @@ static void test_upper(void)
 	CHECK_EQ_INT(fx_lookup(&fx, "moved", &again), 0);
 	CHECK(n == again);
 	if (n) {
-		CHECK_EQ_STR(n->di->redirect, "/old");
+		CHECK_EQ_STR(sfs_node_di(n)->redirect, "/old");
 		sfs_node_release(n);
 		sfs_node_release(again);
 	}
