@@ -64,6 +64,15 @@ void sfs_process_init(void)
 	 * the thread caches keep contention low on this 2-core target.
 	 */
 	mallopt(M_ARENA_MAX, 2);
+	/*
+	 * Big buffers (libfuse's 1 MiB request buffer per thread, a write's
+	 * data, a big listing) are mapped for themselves and unmapped when
+	 * freed. glibc would otherwise raise this threshold past the first
+	 * such buffer freed and carve the next ones from an arena, whose
+	 * pages stay resident after free: 8 MiB after a sequential write,
+	 * still there under every later workload.
+	 */
+	mallopt(M_MMAP_THRESHOLD, 128 * 1024);
 	sfs_crash_name = getenv("STRATAFS_CRASH_NAME");
 	sfs_crash_after_name = getenv("STRATAFS_CRASH_AFTER");
 }
