@@ -41,6 +41,7 @@
 #endif
 
 #define SFS_RING_ENTRIES 64
+#define SFS_IO_POOL_IDLE_MS 1000	/* see sfs_io_buf */
 
 struct sfs_ring {
 	struct io_uring uring;
@@ -77,6 +78,8 @@ static struct {
 } sfs_io = { .epfd = -1, .stopfd = -1 };
 
 static __thread struct sfs_ring *sfs_tls_ring;
+
+static void sfs_io_pool_trim(bool all);
 
 /* ---- synchronous primitives, shared by both engines ---- */
 
@@ -305,10 +308,13 @@ static void *sfs_io_reaper(void *arg)
 	struct epoll_event evs[16];
 
 	for (;;) {
-		int n = epoll_wait(sfs_io.epfd, evs, 16, -1);
+		/* woken once in a while to give idle buffers back */
+		int n = epoll_wait(sfs_io.epfd, evs, 16, SFS_IO_POOL_IDLE_MS);
 
-		if (n < 0 && errno == EINTR)
+		if (n == 0 || (n < 0 && errno == EINTR)) {
+			sfs_io_pool_trim(false);
 			continue;
+		}
 		if (n < 0)
 			break;
 		for (int i = 0; i < n; i++) {
@@ -448,6 +454,7 @@ void sfs_io_shutdown(void)
 		return;
 	eventfd_write(sfs_io.stopfd, 1);
 	pthread_join(sfs_io.reaper, NULL);
+	sfs_io_pool_trim(true);
 	for (r = sfs_io.rings; r; r = r->next)
 		if (!sfs_ring_settle(r, deadline))
 			left += atomic_load(&r->inflight);
@@ -482,16 +489,84 @@ void sfs_io_shutdown(void)
  */
 #define SFS_DIRECT_ALIGN 4096
 
+/*
+ * A request's buffer past malloc's mapping threshold (super.c) is a
+ * mapping of its own, and a new mapping costs a page fault per 4 KiB:
+ * a 1 MiB read paid more for that than for the read. So those buffers
+ * are all made SFS_IO_POOLED bytes, page aligned, and kept for reuse,
+ * and the completion thread gives them back to the system once a second
+ * went by without one taken: an idle daemon keeps none (the memory the
+ * bench measures after its walks).
+ */
+#define SFS_IO_SMALL (128 * 1024)	/* super.c's M_MMAP_THRESHOLD */
+#define SFS_IO_POOLED (1 << 20)		/* max_write, and the biggest read */
+#define SFS_IO_POOL_MAX 32		/* > the kernel's background requests */
+
+static struct {
+	pthread_mutex_t lock;
+	void *buf[SFS_IO_POOL_MAX];
+	int count;
+	bool taken;		/* since the completion thread last looked */
+} sfs_io_pool = { .lock = PTHREAD_MUTEX_INITIALIZER };
+
+/* Only the uring engine has a completion thread to give them back. */
+static bool sfs_io_pooled(size_t len)
+{
+	return sfs_io.uring && len > SFS_IO_SMALL && len <= SFS_IO_POOLED;
+}
+
 static void *sfs_io_buf(size_t len, bool direct)
 {
 	void *buf = NULL;
 
+	if (sfs_io_pooled(len)) {
+		pthread_mutex_lock(&sfs_io_pool.lock);
+		sfs_io_pool.taken = true;
+		if (sfs_io_pool.count)
+			buf = sfs_io_pool.buf[--sfs_io_pool.count];
+		pthread_mutex_unlock(&sfs_io_pool.lock);
+		if (!buf && posix_memalign(&buf, SFS_DIRECT_ALIGN, SFS_IO_POOLED))
+			return NULL;
+		return buf;
+	}
 	if (!direct)
 		return malloc(len ? len : 1);
 	len = (len + SFS_DIRECT_ALIGN - 1) & ~(size_t)(SFS_DIRECT_ALIGN - 1);
 	if (posix_memalign(&buf, SFS_DIRECT_ALIGN, len ? len : SFS_DIRECT_ALIGN))
 		return NULL;
 	return buf;
+}
+
+/* LEN as given to sfs_io_buf */
+static void sfs_io_buf_free(void *buf, size_t len)
+{
+	if (buf && sfs_io_pooled(len)) {
+		pthread_mutex_lock(&sfs_io_pool.lock);
+		if (sfs_io_pool.count < SFS_IO_POOL_MAX) {
+			sfs_io_pool.buf[sfs_io_pool.count++] = buf;
+			buf = NULL;
+		}
+		pthread_mutex_unlock(&sfs_io_pool.lock);
+	}
+	free(buf);
+}
+
+/* ALL: whether or not one was taken since the last call */
+static void sfs_io_pool_trim(bool all)
+{
+	void *drop[SFS_IO_POOL_MAX];
+	int n = 0;
+
+	pthread_mutex_lock(&sfs_io_pool.lock);
+	if (all || !sfs_io_pool.taken) {
+		n = sfs_io_pool.count;
+		memcpy(drop, sfs_io_pool.buf, n * sizeof(drop[0]));
+		sfs_io_pool.count = 0;
+	}
+	sfs_io_pool.taken = false;
+	pthread_mutex_unlock(&sfs_io_pool.lock);
+	while (n--)
+		free(drop[n]);
 }
 
 static struct sfs_io_op *sfs_io_op_new(fuse_req_t req, int fd, size_t len,
@@ -517,7 +592,7 @@ static struct sfs_io_op *sfs_io_op_new(fuse_req_t req, int fd, size_t len,
 
 static void sfs_io_op_free(struct sfs_io_op *op)
 {
-	free(op->buf);
+	sfs_io_buf_free(op->buf, op->len);
 	free(op);
 	sfs_gate_put();
 }
@@ -620,7 +695,7 @@ static void sfs_io_write_aligned(fuse_req_t req, int fd,
 	n = fuse_buf_copy(&dst, in, 0);
 	if (n >= 0)
 		n = sfs_io_pwrite_sync(fd, dst.buf[0].mem, n, off);
-	free(dst.buf[0].mem);
+	sfs_io_buf_free(dst.buf[0].mem, len);
 	sfs_usage_settle(c, fd);
 	if (n < 0)
 		fuse_reply_err(req, (int)-n);
