@@ -213,7 +213,7 @@ static void sfs_freeze_drop_entry(struct sfs_node *n, struct sfs_entry *e)
 		close(e->fd);
 		atomic_fetch_sub(&sfs->node_fds, 1);
 	}
-	sfs_shm_free(e->fh);
+	sfs_entry_drop_handle(e);
 }
 
 /*
@@ -266,7 +266,7 @@ static void sfs_freeze_node(struct sfs_node *n, void *arg)
 		n->lower_out = true;
 	}
 	n->nlower = count + 1;
-	n->up = (struct sfs_entry){ -1, 0, NULL };
+	n->up = (struct sfs_entry){ .fd = -1 };
 	atomic_store(&n->ublocks, -1);	/* counted no more: usage.c */
 	atomic_store(&n->has_upper, false);
 	atomic_store(&n->indexed, false);
@@ -598,7 +598,7 @@ static void sfs_freeze_switch(struct sfs_freeze *z)
 	sfs_freeze_files();
 	sfs_freeze_each(sfs_freeze_node, z);
 	/* the root always has an upper entry: every copy-up starts there */
-	root->up = (struct sfs_entry){ z->rootfd, 0, NULL };
+	root->up = (struct sfs_entry){ .fd = z->rootfd };
 	atomic_store(&root->has_upper, true);
 	atomic_fetch_add(&sfs->node_fds, 1);
 	z->rootfd = -1;

@@ -229,7 +229,8 @@ static int sfs_lookup_lowers(struct sfs_node *dir, struct sfs_lookup *d,
 	int n = dir->nlower;
 
 	for (int l = 0; l < sfs->nlower; l++)
-		roots[l] = (struct sfs_entry){ sfs->lower[l].fd, l + 1, NULL };
+		roots[l] = (struct sfs_entry){ .fd = sfs->lower[l].fd,
+					       .layer = l + 1 };
 	if (d->name[0] == '/') {
 		stack = roots;
 		n = sfs->nlower;
@@ -261,7 +262,7 @@ static int sfs_lookup_lowers(struct sfs_node *dir, struct sfs_lookup *d,
 						sfs_dir_is_impure(stack[i].fd) > 0);
 			}
 			f->lower[f->nlower++] = (struct sfs_entry){
-				fd, stack[i].layer, NULL };
+				.fd = fd, .layer = stack[i].layer };
 		}
 		if (d->name[0] == '/' && stack != roots) {
 			/* on from the next layer down, from its root */

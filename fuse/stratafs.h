@@ -85,8 +85,20 @@ struct sfs_params {
 /* One entry of a lookup result: a real file in one layer. */
 struct sfs_entry {
 	int fd;			/* dir: O_RDONLY|O_DIRECTORY; else O_PATH */
-	int layer;		/* 0 upper, 1.. lowers top first */
-	struct file_handle *fh;	/* reopens the entry after parking */
+	int16_t layer;		/* 0 upper, 1.. lowers top first */
+	/*
+	 * What reopens the entry after parking (inode.c). A handle of at
+	 * most 8 bytes whose type fits a byte (ext4's, most of xfs's) is
+	 * kept in fh_bytes, fh_len giving its size; any other in a block of
+	 * its own, fh, with fh_len 0. Past the open-file limit every entry
+	 * of a tree has one: a block each was 3 MiB over 130,000 entries.
+	 */
+	uint8_t fh_len;
+	uint8_t fh_type;
+	union {
+		struct file_handle *fh;
+		unsigned char fh_bytes[8];
+	};
 };
 
 /*
@@ -488,6 +500,7 @@ int sfs_table_init(struct sfs_fs *fs);
 void sfs_table_destroy(struct sfs_fs *fs);
 struct sfs_node *sfs_node_alloc(mode_t type, int nlower, const char *name);
 fuse_ino_t sfs_node_id(struct sfs_node *n);
+void sfs_entry_drop_handle(struct sfs_entry *e);
 struct sfs_node *sfs_node_get(fuse_ino_t nodeid);
 struct sfs_node *sfs_node_find(uint64_t ino, mode_t type);
 struct sfs_node *sfs_node_from_found(struct sfs_node *parent,

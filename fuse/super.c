@@ -395,7 +395,7 @@ static int sfs_setup_root(struct sfs_fs *fs)
 
 		if (fd < 0)
 			return -errno;
-		r->up = (struct sfs_entry){ fd, 0, NULL };
+		r->up = (struct sfs_entry){ .fd = fd };
 		atomic_store(&r->has_upper, true);
 		sfs_node_di(r)->impure = sfs_dir_is_impure(fd) > 0;
 	}

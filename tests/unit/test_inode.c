@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 /* inode.c: the inode table, stable numbers and descriptor parking. */
 #include <errno.h>
+#include <linux/magic.h>
+#include <sys/vfs.h>
 
 #include "fixture.h"
 #include "unit.h"
@@ -44,15 +46,46 @@ static void test_numbers(void)
 	fixture_done(&fx);
 }
 
-static void test_parking(void)
+/*
+ * Whether the entry kept its handle where its size says: in the entry
+ * when it is small (fh_len), else in a block of its own. Returns 1 for
+ * one kept in the entry, 0 for one out of it.
+ */
+static int check_handle_place(struct fixture *fx, const char *path,
+			      const struct sfs_entry *e)
+{
+	union {
+		struct file_handle fh;
+		char buf[sizeof(struct file_handle) + MAX_HANDLE_SZ];
+	} h = { .fh.handle_bytes = MAX_HANDLE_SZ };
+	int mount_id;
+
+	CHECK_EQ_INT(name_to_handle_at(fx->fd, path, &h.fh, &mount_id, 0), 0);
+	if (h.fh.handle_bytes <= sizeof(e->fh_bytes) &&
+	    h.fh.handle_type >= 0 && h.fh.handle_type <= UINT8_MAX) {
+		CHECK_EQ_INT(e->fh_len, h.fh.handle_bytes);
+		CHECK_EQ_INT(e->fh_type, h.fh.handle_type);
+		CHECK(memcmp(e->fh_bytes, h.fh.f_handle, e->fh_len) == 0);
+		return 1;
+	}
+	CHECK_EQ_INT(e->fh_len, 0);
+	CHECK(e->fh != NULL);
+	if (e->fh)
+		CHECK_EQ_INT(e->fh->handle_bytes, h.fh.handle_bytes);
+	return 0;
+}
+
+/* BASE: where the layers are; returns how many handles the entries held */
+static int test_parking_in(const char *base)
 {
 	struct sfs_node *nodes[NFILES];
 	struct fixture fx;
 	char name[32];
 	struct stat st;
-	int parked = 0;
+	int parked = 0, inline_fh = 0;
 
-	CHECK_EQ_INT(fixture_setup(&fx, 1, true), 0);
+	CHECK_EQ_INT(fixture_init_in(&fx, base, 1, true), 0);
+	CHECK_EQ_INT(sfs_setup(&fx.fs), 0);
 	for (int i = 0; i < NFILES; i++) {
 		snprintf(name, sizeof(name), "l1/f%03d", i);
 		fx_file(&fx, name, name);
@@ -67,8 +100,14 @@ static void test_parking(void)
 		sfs_node_release(nodes[i]);
 	}
 	CHECK(atomic_load(&fx.fs.node_fds) <= 32);
-	for (int i = 0; i < NFILES; i++)
-		parked += atomic_load(&nodes[i]->parked);
+	for (int i = 0; i < NFILES; i++) {
+		if (!atomic_load(&nodes[i]->parked))
+			continue;
+		parked++;
+		snprintf(name, sizeof(name), "l1/f%03d", i);
+		inline_fh += check_handle_place(&fx, name,
+						&sfs_node_lower(nodes[i])[0]);
+	}
 	CHECK(parked >= NFILES - 32);
 
 	/* a parked node comes back on a pin, with the same file behind it */
@@ -116,6 +155,24 @@ static void test_parking(void)
 		sfs_node_lookup_dec(nodes[i]);
 	CHECK_EQ_INT(fx.fs.table_count, 0);
 	fixture_done(&fx);
+	return inline_fh;
+}
+
+/*
+ * ext4's handles (8 bytes) fit in the entry, tmpfs's (12) do not: both
+ * ways of keeping one are parked and brought back (the first wherever
+ * /var/tmp is ext4).
+ */
+static void test_parking(void)
+{
+	struct statfs sfs_tmp;
+
+	CHECK_EQ_INT(statfs("/var/tmp", &sfs_tmp), 0);
+	if (sfs_tmp.f_type == EXT4_SUPER_MAGIC)
+		CHECK(test_parking_in("/var/tmp") > 0);
+	else
+		test_parking_in("/var/tmp");
+	CHECK_EQ_INT(test_parking_in("/dev/shm"), 0);
 }
 
 /*
