@@ -597,8 +597,18 @@ static void sfs_io_op_free(struct sfs_io_op *op)
 	sfs_gate_put();
 }
 
+/*
+ * Reads in progress, wherever they are done. One alone is done in the
+ * worker (sfs_io_read): through the ring its reply comes from the
+ * completion thread, a second thread to wake, which at one request at a
+ * time costs more than the overlap gains (O_DIRECT 4 KiB random reads of
+ * a lower file, one job: 1.2 to 2x the IOPS in the worker).
+ */
+static atomic_uint sfs_io_reading;
+
 static void sfs_io_read_done(struct sfs_io_op *op, int res)
 {
+	atomic_fetch_sub(&sfs_io_reading, 1);
 	if (res < 0)
 		fuse_reply_err(op->req, -res);
 	else
@@ -635,16 +645,21 @@ void sfs_io_read(fuse_req_t req, int fd, size_t size, off_t off, bool direct)
 		sfs_io_read_sync(req, fd, size, off);
 		return;
 	}
+	if (atomic_fetch_add(&sfs_io_reading, 1) == 0)
+		goto sync;	/* alone */
 	op = sfs_io_op_new(req, fd, size, off, direct);
 	if (!op) {
+		atomic_fetch_sub(&sfs_io_reading, 1);
 		fuse_reply_err(req, ENOMEM);
 		return;
 	}
 	op->done = sfs_io_read_done;
-	if (!sfs_ring_submit(op, false)) {
-		sfs_io_op_free(op);
-		sfs_io_read_sync(req, fd, size, off);
-	}
+	if (sfs_ring_submit(op, false))
+		return;
+	sfs_io_op_free(op);
+sync:
+	sfs_io_read_sync(req, fd, size, off);
+	atomic_fetch_sub(&sfs_io_reading, 1);
 }
 
 /* The write's data, or its first C->len bytes: what fits the capacity. */

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "stratafs.h"
@@ -21,6 +22,7 @@ struct sfs_reply {
 	size_t len;
 	int err;
 	char *buf;
+	bool from_fd;		/* fuse_reply_data: read in the worker */
 };
 
 int fuse_reply_buf(fuse_req_t req, const char *buf, size_t size)
@@ -30,6 +32,40 @@ int fuse_reply_buf(fuse_req_t req, const char *buf, size_t size)
 	r->buf = malloc(size ? size : 1);
 	memcpy(r->buf, buf, size);
 	r->len = size;
+	sem_post(&r->done);
+	return 0;
+}
+
+/*
+ * A read done in the worker replies with its descriptor. When held, it
+ * waits there, after saying so: a read in progress for as long as the
+ * test wants one.
+ */
+static struct {
+	bool held;
+	sem_t entered, go;
+} sfs_data_hold;
+
+int fuse_reply_data(fuse_req_t req, struct fuse_bufvec *bufv,
+		    enum fuse_buf_copy_flags flags)
+{
+	struct sfs_reply *r = (struct sfs_reply *)req;
+	const struct fuse_buf *b = &bufv->buf[0];
+	ssize_t n;
+
+	(void)flags;
+	if (sfs_data_hold.held) {
+		sem_post(&sfs_data_hold.entered);
+		while (sem_wait(&sfs_data_hold.go) < 0 && errno == EINTR)
+			;
+	}
+	r->from_fd = true;
+	r->buf = malloc(b->size ? b->size : 1);
+	n = pread(b->fd, r->buf, b->size, b->pos);
+	if (n < 0)
+		r->err = errno;
+	else
+		r->len = (size_t)n;
 	sem_post(&r->done);
 	return 0;
 }
@@ -76,6 +112,89 @@ static void *sfs_read_and_exit(void *p)
 }
 
 /*
+ * A read alone is done in the worker that got it, and answered before
+ * sfs_io_read returns; one that comes while another is in progress goes
+ * to the ring, whose thread answers. Returns the held read's thread:
+ * the caller lets it go (sfs_read_release) when it wants no read in
+ * progress any more.
+ */
+static pthread_t sfs_read_hold(struct sfs_read_arg *held)
+{
+	struct timespec until;
+	pthread_t t;
+	int ret;
+
+	sfs_data_hold.held = true;
+	sem_init(&sfs_data_hold.entered, 0, 0);
+	sem_init(&sfs_data_hold.go, 0, 0);
+	CHECK_EQ_INT(pthread_create(&t, NULL, sfs_read_and_exit, held), 0);
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_sec += 10;
+	while ((ret = sem_timedwait(&sfs_data_hold.entered, &until)) < 0 &&
+	       errno == EINTR)
+		;
+	/* not done in the worker: the ring's thread has answered it */
+	CHECK_EQ_INT(ret, 0);
+	sfs_data_hold.held = false;
+	return t;
+}
+
+static void sfs_read_release(pthread_t t, struct sfs_read_arg *held)
+{
+	sem_post(&sfs_data_hold.go);
+	pthread_join(t, NULL);
+	CHECK(held->reply->from_fd);
+	CHECK_EQ_INT(held->reply->err, 0);
+	CHECK_EQ_INT(held->reply->len, held->len);
+	free(held->reply->buf);
+	sem_destroy(&sfs_data_hold.entered);
+	sem_destroy(&sfs_data_hold.go);
+}
+
+static void sfs_test_read_alone_or_not(const char *dir)
+{
+	struct sfs_reply alone = { .err = 0 }, held = { .err = 0 };
+	struct sfs_reply second = { .err = 0 };
+	struct sfs_read_arg harg = { &held, -1, 4096 };
+	char path[256], data[8192];
+	pthread_t t;
+	int fd;
+
+	snprintf(path, sizeof(path), "%s/alone", dir);
+	fd = open(path, O_CREAT | O_RDWR, 0600);
+	memset(data, 'a', 4096);
+	memset(data + 4096, 'b', 4096);
+	CHECK_EQ_INT(pwrite(fd, data, sizeof(data), 0), (long long)sizeof(data));
+	CHECK_EQ_INT(sfs_io_init("uring"), 0);
+
+	sem_init(&alone.done, 0, 0);
+	sfs_io_read((fuse_req_t)&alone, fd, 4096, 4096, false);
+	CHECK_EQ_INT(sem_trywait(&alone.done), 0);	/* answered already */
+	CHECK(alone.from_fd);
+	CHECK_EQ_INT(alone.len, 4096);
+	CHECK(alone.buf && memcmp(alone.buf, data + 4096, 4096) == 0);
+
+	sem_init(&held.done, 0, 0);
+	sem_init(&second.done, 0, 0);
+	harg.fd = fd;
+	t = sfs_read_hold(&harg);
+	sfs_io_read((fuse_req_t)&second, fd, 8192, 0, false);
+	while (sem_wait(&second.done) < 0 && errno == EINTR)
+		;
+	CHECK(!second.from_fd);	/* through the ring */
+	CHECK_EQ_INT(second.len, 8192);
+	CHECK(second.buf && memcmp(second.buf, data, 8192) == 0);
+	sfs_read_release(t, &harg);
+	sfs_io_shutdown();
+	free(alone.buf);
+	free(second.buf);
+	sem_destroy(&alone.done);
+	sem_destroy(&held.done);
+	sem_destroy(&second.done);
+	close(fd);
+}
+
+/*
  * A read the engine cannot finish at once (the first page cached, the
  * rest on disk) waits for the disk, then goes on in the thread that
  * submitted it; when that thread has exited by then (a worker's threads,
@@ -87,7 +206,10 @@ static void sfs_test_read_outlives_thread(const char *dir)
 {
 	const size_t len = 64 * 4096;
 	char path[256], *data = malloc(len);
+	struct sfs_reply held = { .err = 0 };
+	struct sfs_read_arg harg = { &held, -1, 4096 };
 	int fd, shorts = 0;
+	pthread_t hold;
 
 	snprintf(path, sizeof(path), "%s/cold", dir);
 	fd = open(path, O_CREAT | O_RDWR, 0600);
@@ -95,9 +217,13 @@ static void sfs_test_read_outlives_thread(const char *dir)
 		data[i] = (char)(i * 7 + 3);
 	CHECK_EQ_INT(pwrite(fd, data, len, 0), (long long)len);
 	CHECK_EQ_INT(fsync(fd), 0);
+	harg.fd = fd;
 	/* no readahead past the page read: the rest stays on disk */
 	CHECK_EQ_INT(posix_fadvise(fd, 0, len, POSIX_FADV_RANDOM), 0);
 	CHECK_EQ_INT(sfs_io_init("uring"), 0);
+	/* one read in progress throughout, so that the rounds' use the ring */
+	sem_init(&held.done, 0, 0);
+	hold = sfs_read_hold(&harg);
 	/*
 	 * The last round stops the engine at once: what it has in flight
 	 * is answered before sfs_io_shutdown returns.
@@ -115,6 +241,7 @@ static void sfs_test_read_outlives_thread(const char *dir)
 		CHECK_EQ_INT(pthread_create(&t, NULL, sfs_read_and_exit, &arg), 0);
 		pthread_join(t, NULL);
 		if (round == 20) {
+			sfs_read_release(hold, &harg);
 			sfs_io_shutdown();
 			CHECK_EQ_INT(sem_trywait(&reply.done), 0);
 		} else {
@@ -122,6 +249,7 @@ static void sfs_test_read_outlives_thread(const char *dir)
 				;
 		}
 		CHECK_EQ_INT(reply.err, 0);
+		CHECK(!reply.from_fd);
 		if (reply.len != len)
 			shorts++;
 		else
@@ -130,6 +258,7 @@ static void sfs_test_read_outlives_thread(const char *dir)
 		sem_destroy(&reply.done);
 	}
 	CHECK_EQ_INT(shorts, 0);
+	sem_destroy(&held.done);
 	close(fd);
 	free(data);
 }
@@ -171,6 +300,7 @@ int main(void)
 
 	close(in);
 	close(out);
+	sfs_test_read_alone_or_not(tmpl);
 	sfs_test_read_outlives_thread(tmpl);
 	strata_rmtree_at(AT_FDCWD, tmpl);
 	close(root);
