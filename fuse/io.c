@@ -509,10 +509,14 @@ static struct {
 	bool taken;		/* since the completion thread last looked */
 } sfs_io_pool = { .lock = PTHREAD_MUTEX_INITIALIZER };
 
-/* Only the uring engine has a completion thread to give them back. */
+/*
+ * Every buffer of such a size is made whole, whichever the engine, so
+ * that the pool never holds a smaller one; only the uring engine keeps
+ * them, having a completion thread to give them back.
+ */
 static bool sfs_io_pooled(size_t len)
 {
-	return sfs_io.uring && len > SFS_IO_SMALL && len <= SFS_IO_POOLED;
+	return len > SFS_IO_SMALL && len <= SFS_IO_POOLED;
 }
 
 static void *sfs_io_buf(size_t len, bool direct)
@@ -540,7 +544,7 @@ static void *sfs_io_buf(size_t len, bool direct)
 /* LEN as given to sfs_io_buf */
 static void sfs_io_buf_free(void *buf, size_t len)
 {
-	if (buf && sfs_io_pooled(len)) {
+	if (buf && sfs_io_pooled(len) && sfs_io.uring) {
 		pthread_mutex_lock(&sfs_io_pool.lock);
 		if (sfs_io_pool.count < SFS_IO_POOL_MAX) {
 			sfs_io_pool.buf[sfs_io_pool.count++] = buf;
