@@ -536,6 +536,20 @@ wl_walk() {
 	fi
 }
 
+# mem_after TARGET ROUND WORKLOAD: the daemon's memory (daemon_rss) once
+# WORKLOAD is done, as mem-after-WORKLOAD in raw/results.jsonl and the
+# log; not in the report. It tells which workload left what the
+# rss-after-walk row measures.
+mem_after() {
+	local rss each
+	[ -n "${PID[$1]:-}" ] || return 0
+	read -r rss each < <(daemon_rss "${PID[$1]}")
+	[ -n "$rss" ] || return 0
+	printf '{"workload":"mem-after-%s","target":"%s","round":%s,"value":%s,"vmrss_mib":[%s]}\n' \
+		"$3" "$1" "$2" "$rss" "$each" >>"$RESULTS"
+	log "  memory after $3 on $1: $rss MiB (VmRSS of each process: $each)"
+}
+
 # tar: extract the tree's tarball into the merged view (as root, so with
 # owners and modes, like an image layer being unpacked) including the
 # sync that makes it durable; then tar the lower tree out through the
@@ -771,6 +785,7 @@ for r in $(seq "$ROUNDS"); do
 			}
 			log "r$r $wl on $t"
 			"wl_$wl" "$t" "$r"
+			mem_after "$t" "$r" "$wl"
 		done
 	done
 done
