@@ -147,7 +147,7 @@ static int fz_expect_stack(const char *path, struct fz_stack *out)
 	}
 	if (dir) {
 		for (int i = 0; S_ISDIR(dir->type) && i < dir->nlower; i++)
-			fz_stack_add(out, &dir->lower[i]);
+			fz_stack_add(out, &sfs_node_lower(dir)[i]);
 		sfs_node_release(dir);
 	}
 	free(dup);

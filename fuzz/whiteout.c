@@ -206,7 +206,7 @@ static void fz_check_tree(struct fz_tree *t)
 	FZ_CHECK(sfs_lookup_node(fz_fx.fs.root, "d", &d) == 0);
 	FZ_CHECK(d->nlower == n);
 	for (int s = 0; s < n; s++)
-		FZ_CHECK(d->lower[s].layer == stack[s] + 1);
+		FZ_CHECK(sfs_node_lower(d)[s].layer == stack[s] + 1);
 	fz_check_dir(d, t->d, stack, n);
 	sfs_node_release(d);
 }
