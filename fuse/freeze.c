@@ -240,29 +240,29 @@ static struct sfs_entry *sfs_freeze_array(struct sfs_freeze *z,
 static void sfs_freeze_node(struct sfs_node *n, void *arg)
 {
 	struct sfs_freeze *z = arg;
-	struct sfs_entry *lower = sfs_node_lower(n);
+	struct sfs_entry *lower = sfs_node_lower(n), *to;
 	struct sfs_entry top = n->up;
 	int count = n->nlower;
 
 	for (int i = 0; i < n->nlower; i++)
-		sfs_node_lower(n)[i].layer++;
+		lower[i].layer++;
 	if (!atomic_load(&n->has_upper) || sfs_freeze_nameless(n))
 		return;
 	top.layer = 1;
 	if (!S_ISDIR(n->type) || (sfs_node_di(n)->opaque && n != sfs->root)) {
 		/* the frozen entry hid these already */
 		for (int i = 0; i < n->nlower; i++)
-			sfs_freeze_drop_entry(n, &sfs_node_lower(n)[i]);
+			sfs_freeze_drop_entry(n, &lower[i]);
 		count = 0;
 	}
-	lower = sfs_freeze_array(z, n);
-	memmove(lower + 1, sfs_node_lower(n), count * sizeof(*lower));
-	lower[0] = top;
-	if (lower != sfs_node_lower(n)) {
+	to = sfs_freeze_array(z, n);
+	memmove(to + 1, lower, count * sizeof(*lower));
+	to[0] = top;
+	if (to != lower) {
 		/* the room is free once the entries left it */
 		if (n->lower_out)
-			sfs_shm_free(sfs_node_lower(n));
-		*(struct sfs_entry **)sfs_node_inline_lower(n) = lower;
+			sfs_shm_free(lower);
+		*(struct sfs_entry **)sfs_node_inline_lower(n) = to;
 		n->lower_out = true;
 	}
 	n->nlower = count + 1;

@@ -431,11 +431,12 @@ static int sfs_listing_build(struct sfs_node *dir, struct sfs_listing **out)
 /* The listing the node keeps, referenced, if no entry changed since. */
 static struct sfs_listing *sfs_listing_kept(struct sfs_node *dir)
 {
+	struct sfs_dirinfo *di = sfs_node_di(dir);
 	struct sfs_listing *l;
 
 	sfs_lock(&dir->lock);
-	l = sfs_node_di(dir)->listing;
-	if (l && l->gen == atomic_load(&sfs_node_di(dir)->gen))
+	l = di->listing;
+	if (l && l->gen == atomic_load(&di->gen))
 		atomic_fetch_add(&l->refs, 1);
 	else
 		l = NULL;
@@ -458,20 +459,21 @@ static void sfs_listing_detach(struct sfs_node *dir, struct sfs_listing *l)
 static void sfs_listing_keep(struct sfs_node *dir, struct sfs_listing *l,
 			     bool more)
 {
+	struct sfs_dirinfo *di = sfs_node_di(dir);
 	struct sfs_listing *drop = NULL;
 
 	sfs_lock(&dir->lock);
-	if (more && sfs_node_di(dir)->listing != l) {
-		drop = sfs_node_di(dir)->listing;
+	if (more && di->listing != l) {
+		drop = di->listing;
 		if (drop)
 			sfs_listing_detach(dir, drop);
 		if (atomic_load(&sfs->listed) + (long)l->count <=
 		    SFS_LISTED_MAX) {
 			atomic_fetch_add(&l->refs, 1);
 			atomic_fetch_add(&sfs->listed, (long)l->count);
-			sfs_node_di(dir)->listing = l;
+			di->listing = l;
 		}
-	} else if (!more && sfs_node_di(dir)->listing == l) {
+	} else if (!more && di->listing == l) {
 		drop = l;
 		sfs_listing_detach(dir, l);
 	}
