@@ -37,24 +37,11 @@
  * entries then refer to files of the frozen layer, all of whose names
  * are there, and go once the upper has moved.
  *
- * Nodes. An entry in the upper becomes one in lower layer 1, and every
- * lower entry's layer moves down by one. A directory's frozen entry goes
- * on top of its lower stack (alone, for an opaque one: lookups never
- * merged below it); anything else shows only that one entry. A node
- * keeps its inode number: the frozen layer is on the upper's filesystem,
- * so it has the upper's fsid, and a later copy-up records the number as
- * any copy-up does. The next change copies the file up again into the
- * new upper, as for any lower file. Nodes with no name in the view
- * (unlinked, or an O_TMPFILE not linked yet) are in no layer: they keep
- * their upper entry.
- *
- * Open files. A handle on an upper file is left on the frozen one: reads
- * go on there, and the next write, truncate or fallocate through it
- * copies the file up again and moves the handle to the copy (file.c).
- * A passthrough handle cannot be moved: the kernel reads and writes its
- * backing file without asking, and gives a later open of the same file
- * the same backing file. While one is open on an upper file, the freeze
- * is refused.
+ * Nodes and open files change in memory (switch.c). A passthrough
+ * handle cannot be moved: the kernel reads and writes its backing file
+ * without asking, and gives a later open of the same file the same
+ * backing file. While one is open on an upper file, the freeze is
+ * refused.
  *
  * The layer stack is in the shared state (struct sfs_fs), so a worker
  * that replaces this one, or the binary of an upgrade, serves it as it is
@@ -67,8 +54,8 @@
  * the shared state for that span (sfs->freezing), and the next worker
  * finishes the freeze before it serves (sfs_freeze_takeover), as the
  * CSI plugin finishes the snapshot once the layer moved: both end where
- * the freeze would have. A death inside the switch itself, a walk of
- * memory with no system call, leaves nodes half moved: not recovered.
+ * the freeze would have; a death inside the switch is the switch's to
+ * mend (switch.c).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -90,12 +77,6 @@
  */
 #define SFS_FREEZE_DRAIN_MS 5000
 
-/* A node whose entries outgrow its own room, and the array it gets. */
-struct sfs_freeze_grow {
-	struct sfs_node *node;
-	struct sfs_entry *lower;
-};
-
 struct sfs_freeze {
 	const char *newdir;	/* as asked */
 	char *copy;		/* NEWDIR, its last '/' cut: the parent */
@@ -104,12 +85,7 @@ struct sfs_freeze {
 	const char *upbase;	/* the upper's name in its parent */
 	int upparent;		/* the upper's parent, on the real mount */
 	struct stat upst;	/* the upper, as its descriptor sees it */
-	struct sfs_layer frozen;	/* what the old upper becomes */
-	int newfd;		/* the new upper, through the workdir's mount */
-	int rootfd;		/* the root node's own descriptor on it */
-	struct sfs_freeze_grow *grow;
-	size_t ngrow, grow_cap, grow_next;
-	bool grow_failed;
+	struct sfs_switch_plan sp;	/* the new stack, for switch.c */
 	bool takeover;		/* finishing a dead worker's freeze */
 	int64_t bytes;		/* what the frozen layer allocates, counted */
 	char *out;		/* the error's message goes here */
@@ -117,212 +93,6 @@ struct sfs_freeze {
 };
 
 #define sfs_freeze_msg(z, ...) snprintf((z)->out, (z)->size, __VA_ARGS__)
-
-/* Calls FN on the root and on every node in the table, hashed or not. */
-static void sfs_freeze_each(void (*fn)(struct sfs_node *n, void *arg),
-			    void *arg)
-{
-	fn(sfs->root, arg);
-	pthread_mutex_lock(&sfs->table_lock);
-	for (size_t i = 0; i < sfs->table_size; i++)
-		for (struct sfs_node *n = sfs->table[i]; n; n = n->hnext)
-			fn(n, arg);
-	pthread_mutex_unlock(&sfs->table_lock);
-}
-
-/* A node with no name in the view: in no layer, so not frozen either. */
-static bool sfs_freeze_nameless(struct sfs_node *n)
-{
-	return atomic_load(&n->unlinked) || n->linkable;
-}
-
-/* How many entries the node has once frozen. */
-static int sfs_freeze_count(struct sfs_node *n)
-{
-	if (!atomic_load(&n->has_upper) || sfs_freeze_nameless(n))
-		return n->nlower;
-	if (!S_ISDIR(n->type) || (sfs_node_di(n)->opaque && n != sfs->root))
-		return 1;
-	return n->nlower + 1;
-}
-
-/*
- * How many entries the node's array holds: its own room, or for one a
- * freeze gave it, exactly the entries it has (only a freeze sets them).
- */
-static int sfs_freeze_room(struct sfs_node *n)
-{
-	return n->lower_out ? n->nlower : n->lower_room;
-}
-
-static bool sfs_freeze_grows(struct sfs_node *n)
-{
-	return sfs_freeze_count(n) > sfs_freeze_room(n);
-}
-
-static void sfs_freeze_list_grow(struct sfs_node *n, void *arg)
-{
-	struct sfs_freeze *z = arg;
-	struct sfs_freeze_grow *g;
-
-	if (!sfs_freeze_grows(n) || z->grow_failed)
-		return;
-	if (z->ngrow == z->grow_cap) {
-		z->grow_cap = z->grow_cap ? z->grow_cap * 2 : 16;
-		g = realloc(z->grow, z->grow_cap * sizeof(*g));
-		if (!g) {
-			z->grow_failed = true;
-			return;
-		}
-		z->grow = g;
-	}
-	z->grow[z->ngrow].node = n;
-	z->grow[z->ngrow].lower = sfs_shm_alloc(sfs_freeze_count(n) *
-						sizeof(struct sfs_entry));
-	if (!z->grow[z->ngrow++].lower)
-		z->grow_failed = true;
-}
-
-static void sfs_freeze_free_grow(struct sfs_freeze *z)
-{
-	for (size_t i = 0; i < z->ngrow; i++)
-		sfs_shm_free(z->grow[i].lower);
-	free(z->grow);
-	z->grow = NULL;
-	z->ngrow = z->grow_cap = 0;
-}
-
-/*
- * Allocates, before anything changes, the arrays of the nodes whose
- * entries will not fit in their own room: the root, and directories
- * frozen before that have an upper entry again. Few, on any freeze.
- */
-static int sfs_freeze_alloc_grow(struct sfs_freeze *z)
-{
-	sfs_freeze_each(sfs_freeze_list_grow, z);
-	if (!z->grow_failed)
-		return 0;
-	sfs_freeze_free_grow(z);
-	return -ENOMEM;
-}
-
-/* An entry the node lets go of: its descriptor, unless parked, and handle. */
-static void sfs_freeze_drop_entry(struct sfs_node *n, struct sfs_entry *e)
-{
-	if (!atomic_load(&n->parked)) {
-		close(e->fd);
-		atomic_fetch_sub(&sfs->node_fds, 1);
-	}
-	sfs_entry_drop_handle(e);
-}
-
-/*
- * The array the node's entries go in. The walk meets nodes in the order
- * sfs_freeze_alloc_grow's did (nothing changes the table in between):
- * those that grow come up in the list's order.
- */
-static struct sfs_entry *sfs_freeze_array(struct sfs_freeze *z,
-					  struct sfs_node *n)
-{
-	struct sfs_entry *a;
-
-	if (!sfs_freeze_grows(n))
-		return sfs_node_lower(n);
-	/* listed, by the same test on the same node: a miss is a bug */
-	if (z->grow_next == z->ngrow || z->grow[z->grow_next].node != n)
-		abort();
-	a = z->grow[z->grow_next].lower;
-	z->grow[z->grow_next++].lower = NULL;	/* the node's now */
-	return a;
-}
-
-/* The node as the frozen stack shows it; see the top of the file. */
-static void sfs_freeze_node(struct sfs_node *n, void *arg)
-{
-	struct sfs_freeze *z = arg;
-	struct sfs_entry *lower = sfs_node_lower(n), *to;
-	struct sfs_entry top = n->up;
-	int count = n->nlower;
-
-	for (int i = 0; i < n->nlower; i++)
-		lower[i].layer++;
-	if (!atomic_load(&n->has_upper) || sfs_freeze_nameless(n))
-		return;
-	top.layer = 1;
-	if (!S_ISDIR(n->type) || (sfs_node_di(n)->opaque && n != sfs->root)) {
-		/* the frozen entry hid these already */
-		for (int i = 0; i < n->nlower; i++)
-			sfs_freeze_drop_entry(n, &lower[i]);
-		count = 0;
-	}
-	to = sfs_freeze_array(z, n);
-	memmove(to + 1, lower, count * sizeof(*lower));
-	to[0] = top;
-	if (to != lower) {
-		/* the room is free once the entries left it */
-		if (n->lower_out)
-			sfs_shm_free(lower);
-		*(struct sfs_entry **)sfs_node_inline_lower(n) = to;
-		n->lower_out = true;
-	}
-	n->nlower = count + 1;
-	n->up = (struct sfs_entry){ .fd = -1 };
-	atomic_store(&n->ublocks, -1);	/* counted no more: usage.c */
-	atomic_store(&n->has_upper, false);
-	atomic_store(&n->indexed, false);
-	atomic_store(&n->has_origin, false);
-	n->index_nlink = -1;
-	if (sfs_node_di(n)) {
-		/*
-		 * The markers were the upper directory's: the frozen one
-		 * keeps them, and the node's path in the frozen layer is its
-		 * path in the view, which a later rename's redirect names.
-		 */
-		sfs_node_di(n)->opaque = false;
-		sfs_node_di(n)->impure = false;
-		sfs_shm_free(sfs_node_di(n)->redirect);
-		sfs_node_di(n)->redirect = NULL;
-	}
-}
-
-/*
- * Open handles, before the nodes change. Those on upper files stay on
- * them, frozen now, and follow the next copy-up (file.c). A reader still
- * on the lower file that a copy-up replaced would read past the copy it
- * has not followed yet: it moves to the copy now. Nothing reads through
- * a handle meanwhile (gate.c), so what it leaves is closed at once.
- */
-static void sfs_freeze_files(void)
-{
-	pthread_mutex_lock(&sfs->handles_lock);
-	for (struct sfs_hlink *h = sfs->files.next; h != &sfs->files;
-	     h = h->next) {
-		struct sfs_file *f = (struct sfs_file *)h;
-		struct sfs_node *n = f->node;
-
-		if (!atomic_load(&n->has_upper) || sfs_freeze_nameless(n))
-			continue;
-		if (!atomic_load(&f->upper)) {
-			/* the node is open, so never parked: up.fd is valid */
-			int fd = sfs_reopen(n->up.fd,
-					    O_RDONLY | (f->flags & O_DIRECT));
-
-			if (fd < 0) {
-				strata_warn("freeze: a reader of %s stays on "
-					    "the lower file: %s", n->name,
-					    strerror(-fd));
-				continue;
-			}
-			close(f->fd);
-			f->fd = fd;
-		}
-		if (f->oldfd >= 0)
-			close(f->oldfd);
-		f->oldfd = -1;
-		atomic_store(&f->upper, false);
-	}
-	pthread_mutex_unlock(&sfs->handles_lock);
-}
 
 /*
  * How many passthrough handles are open, and how many of them for
@@ -342,7 +112,7 @@ static int sfs_freeze_pass_open(int *writers)
 	     h = h->next) {
 		struct sfs_file *f = (struct sfs_file *)h;
 
-		if (!f->passthrough || sfs_freeze_nameless(f->node))
+		if (!f->passthrough || sfs_switch_nameless(f->node))
 			continue;
 		count++;
 		*writers += (f->flags & O_ACCMODE) != O_RDONLY;
@@ -515,9 +285,9 @@ static int sfs_freeze_prepare(struct sfs_freeze *z)
 		ret = sfs_freeze_check_busy(z);
 	if (ret < 0)
 		return ret;
-	z->frozen = sfs->upper;
-	z->frozen.path = sfs_shm_strdup(z->newdir);
-	if (!z->frozen.path)
+	z->sp.frozen = sfs->upper;
+	z->sp.frozen.path = sfs_shm_strdup(z->newdir);
+	if (!z->sp.frozen.path)
 		return -ENOMEM;
 	/* most dirty data goes now, while requests still flow */
 	sfs_freeze_sync_mount();
@@ -550,26 +320,28 @@ static int sfs_freeze_make_upper(struct sfs_freeze *z)
 	    fchmodat(z->upparent, z->upbase, z->upst.st_mode & 07777, 0) < 0 ||
 	    fstatat(z->upparent, z->upbase, &st, AT_SYMLINK_NOFOLLOW) < 0)
 		goto out_errno;
-	z->newfd = openat(sfs->workfd, sfs->upper_from_work,
+	z->sp.newfd = openat(sfs->workfd, sfs->upper_from_work,
 			  O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-	if (z->newfd < 0)
+	if (z->sp.newfd < 0)
 		goto out_errno;
-	ret = fstat(z->newfd, &z->upst) < 0 ? -errno : 0;
+	ret = fstat(z->sp.newfd, &z->upst) < 0 ? -errno : 0;
 	if (ret == 0 && (z->upst.st_dev != st.st_dev ||
 			 z->upst.st_ino != st.st_ino))
 		ret = -ESTALE;	/* the workdir's way there leads elsewhere */
+	z->sp.newdev = z->upst.st_dev;
+	z->sp.newino = z->upst.st_ino;
 	/* the old upper, renamed: still the root's attributes until now */
 	if (ret == 0)
-		ret = strata_acl_copy(sfs->upper.fd, z->newfd);
+		ret = strata_acl_copy(sfs->upper.fd, z->sp.newfd);
 	if (ret == 0) {
-		z->rootfd = dup(z->newfd);
-		if (z->rootfd < 0)
+		z->sp.rootfd = dup(z->sp.newfd);
+		if (z->sp.rootfd < 0)
 			ret = -errno;
 	}
 	if (ret == 0)
 		return 0;
-	close(z->newfd);
-	z->newfd = -1;
+	close(z->sp.newfd);
+	z->sp.newfd = -1;
 	unlinkat(z->upparent, z->upbase, AT_REMOVEDIR);
 	return ret;
 
@@ -577,31 +349,6 @@ out_errno:
 	ret = -errno;
 	unlinkat(z->upparent, z->upbase, AT_REMOVEDIR);
 	return ret;
-}
-
-/* Inside the window: the layers and every node and handle, no I/O. */
-static void sfs_freeze_switch(struct sfs_freeze *z)
-{
-	struct sfs_node *root = sfs->root;
-
-	memmove(&sfs->lower[1], &sfs->lower[0],
-		sfs->nlower * sizeof(sfs->lower[0]));
-	sfs->lower[0] = z->frozen;
-	sfs->nlower++;
-	sfs->upper.fd = z->newfd;
-	sfs->traps[sfs->ntraps].dev = z->upst.st_dev;
-	sfs->traps[sfs->ntraps].ino = z->upst.st_ino;
-	sfs->ntraps++;
-	z->frozen.path = NULL;	/* the layer's now */
-	z->newfd = -1;
-
-	sfs_freeze_files();
-	sfs_freeze_each(sfs_freeze_node, z);
-	/* the root always has an upper entry: every copy-up starts there */
-	root->up = (struct sfs_entry){ .fd = z->rootfd };
-	atomic_store(&root->has_upper, true);
-	atomic_fetch_add(&sfs->node_fds, 1);
-	z->rootfd = -1;
 }
 
 /* The freeze is over, through or undone: no worker need finish it. */
@@ -634,13 +381,13 @@ static int sfs_freeze(struct sfs_freeze *z)
 	clock_gettime(CLOCK_MONOTONIC, &closed);
 	ret = sfs_freeze_check_busy(z);
 	if (ret == 0) {
-		ret = sfs_freeze_alloc_grow(z);
+		ret = sfs_switch_prepare(&z->sp);
 		if (ret < 0)
 			sfs_freeze_msg(z, "no memory for the nodes' layers");
 	}
 	if (ret < 0)
 		goto out_open;
-	atomic_store(&sfs->freezing, z->frozen.path);
+	atomic_store(&sfs->freezing, z->sp.frozen.path);
 	if (renameat(z->upparent, z->upbase, z->newparent, z->newbase) < 0) {
 		ret = -errno;
 		sfs_freeze_msg(z, "renaming the upper '%.4000s' to '%.4000s': %s",
@@ -665,7 +412,7 @@ static int sfs_freeze(struct sfs_freeze *z)
 		strata_warn("freeze: clearing the workdir's temporary entries");
 	/* every name is linked up: the entries are the frozen layer's files */
 	sfs_linkup_drop();
-	sfs_freeze_switch(z);
+	sfs_switch_run(&z->sp);
 	counted = sfs_usage_recount(&z->bytes);
 	if (counted < 0)
 		strata_warn("freeze: counting the new upper's usage: %s",
@@ -689,15 +436,15 @@ int sfs_freeze_verb(int argc, char **argv, char *out, size_t size)
 {
 	struct sfs_freeze z = {
 		.newdir = argv[0], .newparent = -1, .upparent = -1,
-		.newfd = -1, .rootfd = -1, .out = out, .size = size,
+		.sp = { .newfd = -1, .rootfd = -1 }, .out = out, .size = size,
 	};
 	int ret = sfs_freeze(&z);
 
 	if (ret == 0)
 		snprintf(out, size, "layer=%s bytes=%" PRId64, z.newdir,
 			 z.bytes);
-	sfs_freeze_free_grow(&z);
-	sfs_shm_free(z.frozen.path);
+	sfs_switch_unprepare(&z.sp);
+	sfs_shm_free(z.sp.frozen.path);
 	if (z.newparent >= 0)
 		close(z.newparent);
 	if (z.upparent >= 0)
@@ -716,6 +463,7 @@ void sfs_freeze_fds(struct sfs_fdset *keep)
 	sfs_fdset_add(keep, sfs->upper.fd);
 	for (int i = 0; i < sfs->nlower; i++)
 		sfs_fdset_add(keep, sfs->lower[i].fd);
+	sfs_switch_fds(keep);
 }
 
 /*
@@ -731,13 +479,27 @@ int sfs_freeze_takeover(struct sfs_fdset *keep)
 	char msg[512] = "";
 	struct sfs_freeze z = {
 		.newdir = atomic_load(&sfs->freezing), .newparent = -1,
-		.upparent = -1, .newfd = -1, .rootfd = -1, .out = msg,
+		.upparent = -1, .sp = { .newfd = -1, .rootfd = -1 }, .out = msg,
 		.size = sizeof(msg), .takeover = true,
 	};
 	int ret;
 
+	sfs_switch_free_left();
 	if (!z.newdir)
 		return 0;
+	if (sfs_switch_pending()) {
+		ret = sfs_switch_resume(&z.sp);
+		if (ret < 0) {
+			sfs_freeze_msg(&z, "no memory for the nodes' layers");
+			goto out_err;
+		}
+		if (sfs_usage_recount(&z.bytes) < 0)
+			strata_warn("freeze: counting the new upper's usage");
+		strata_warn("freeze: finished the switch of the freeze into %s "
+			    "that the worker before died in",
+			    sfs->lower[0].path);
+		goto out;
+	}
 	ret = sfs_freeze_open_upper(&z);
 	if (ret == 0) {
 		/*
@@ -759,22 +521,22 @@ int sfs_freeze_takeover(struct sfs_fdset *keep)
 	}
 	if (ret != -ENOENT && ret != -ESTALE)
 		goto out_err;
-	z.frozen = sfs->upper;
-	z.frozen.path = (char *)z.newdir;
+	z.sp.frozen = sfs->upper;
+	z.sp.frozen.path = (char *)z.newdir;
 	ret = sfs_freeze_make_upper(&z);
 	if (ret < 0) {
 		sfs_freeze_msg(&z, "making the new upper '%.400s': %s",
 			       sfs->upper_real, strerror(-ret));
 		goto out_err;
 	}
-	ret = sfs_freeze_alloc_grow(&z);
+	ret = sfs_switch_prepare(&z.sp);
 	if (ret < 0) {
 		sfs_freeze_msg(&z, "no memory for the nodes' layers");
 		goto out_err;
 	}
 	/* the upper moved only once every name was linked up (linkup.c) */
 	sfs_linkup_drop();
-	sfs_freeze_switch(&z);
+	sfs_switch_run(&z.sp);
 	sfs_fdset_add(keep, sfs->upper.fd);
 	sfs_fdset_add(keep, sfs->root->up.fd);
 	if (sfs_usage_recount(&z.bytes) < 0)
@@ -786,17 +548,17 @@ out_err:
 	strata_err("freeze: the worker before died in a freeze into %s "
 		   "after its upper moved, and it cannot be finished: %s",
 		   z.newdir, msg);
-	if (z.newfd >= 0)
-		close(z.newfd);
-	if (z.rootfd >= 0)
-		close(z.rootfd);
-	sfs_freeze_free_grow(&z);
+	if (z.sp.newfd >= 0)
+		close(z.sp.newfd);
+	if (z.sp.rootfd >= 0)
+		close(z.sp.rootfd);
+	sfs_switch_unprepare(&z.sp);
 	if (z.upparent >= 0)
 		close(z.upparent);
 	return ret;
 out:
 	sfs_freeze_done();
-	sfs_freeze_free_grow(&z);
+	sfs_switch_unprepare(&z.sp);
 	if (z.upparent >= 0)
 		close(z.upparent);
 	return 0;

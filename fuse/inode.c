@@ -101,6 +101,8 @@ struct sfs_node *sfs_node_alloc(mode_t type, int nlower, const char *name)
 	n->index_nlink = -1;
 	n->up.fd = -1;
 	n->ublocks = -1;
+	/* no switch runs while nodes are made: it is through for this one */
+	n->fgen = sfs->fgen;
 	if (S_ISDIR(type))
 		sfs_node_di(n)->subdirs = -1;
 	n->name = sfs_node_inline_name(n);

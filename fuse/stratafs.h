@@ -235,6 +235,8 @@ struct sfs_node {
 	 * 8 bytes a node are 1 MiB over a 130,000-entry tree.
 	 */
 	bool lower_out;
+	/* the last freeze whose switch has reached the node (freeze.c) */
+	_Atomic uint8_t fgen;
 	/* the upper file's st_blocks as usage.c last counted it; -1 unknown */
 	_Atomic int64_t ublocks;
 	struct sfs_pass *pass;	/* lock: while passthrough handles are open */
@@ -291,6 +293,59 @@ enum sfs_dir_cache {
 	SFS_DIR_CACHE_NO_OPENDIR,	/* neither opendir nor a cached readdir */
 };
 
+/* A node whose entries outgrow its own room at a freeze, and their array. */
+struct sfs_freeze_grow {
+	struct sfs_node *node;
+	struct sfs_entry *lower;
+};
+
+/*
+ * A freeze's switch, the in-memory half of it (freeze.c), as it goes: in
+ * the shared state, so that a worker dying half way leaves its successor
+ * what to undo and what to redo.
+ */
+struct sfs_switch {
+	_Atomic int phase;	/* SFS_SWITCH_*: what is under way */
+	uint8_t gen;		/* what the nodes switched carry (fgen) */
+	int newfd, rootfd;	/* the new upper, and its root's entry */
+	dev_t newdev;		/* the new upper: a trap from now on */
+	ino_t newino;
+	struct sfs_layer frozen;	/* the old upper, the new top layer */
+	int nlower, ntraps;	/* the stack before */
+	struct sfs_layer lower[SFS_MAX_LOWERS];
+	/* the arrays made ready for nodes that grow, in the walk's order */
+	struct sfs_freeze_grow *grow;
+	size_t ngrow;
+	/*
+	 * The node being switched, and what the switch changes of it as it
+	 * was: set once the copy is whole, cleared once what the node let
+	 * go of is freed (each item cleared before it is).
+	 */
+	_Atomic(struct sfs_node *) node;
+	struct {
+		struct sfs_entry up;
+		struct sfs_entry *out;	/* the array, when lower_out */
+		char *redirect;
+		int64_t ublocks;
+		int32_t index_nlink;
+		uint8_t nlower;
+		bool lower_out, has_upper, indexed, has_origin;
+		bool opaque, impure;
+		/* what it lets go of, freed once it is through */
+		bool dropped;	/* its lower entries, in entries[] */
+		struct sfs_entry *free_out;	/* an array it left */
+		char *free_redirect;
+	} was;
+	struct sfs_entry entries[SFS_MAX_LOWERS + 1];
+};
+
+enum {
+	SFS_SWITCH_NONE,
+	SFS_SWITCH_LAYERS,	/* the stack, from sw's copy of it */
+	SFS_SWITCH_FILES,	/* the open handles */
+	SFS_SWITCH_NODES,	/* the nodes, then the root's new entry */
+};
+
 struct sfs_fs {
 	struct sfs_params params;
 	/*
@@ -308,6 +363,8 @@ struct sfs_fs {
 	 * between finishes that freeze (freeze.c).
 	 */
 	_Atomic(char *) freezing;
+	struct sfs_switch sw;
+	uint8_t fgen;		/* the last freeze switched through: new nodes' */
 	char *upper_from_work;	/* the upper's path from the workdir: "../u" */
 	int workfd;		/* the workdir, flock'ed while mounted */
 	int tmpfd;		/* workdir/work: temp entries for atomic moves */
@@ -868,6 +925,29 @@ int sfs_freeze_verb(int argc, char **argv, char *out, size_t size);
 void sfs_freeze_fds(struct sfs_fdset *keep);
 int sfs_freeze_takeover(struct sfs_fdset *keep);
 
+/* switch.c: a freeze's change of the stack, the handles and the nodes */
+struct sfs_switch_plan {
+	struct sfs_layer frozen;	/* what the old upper becomes */
+	int newfd;		/* the new upper, through the workdir's mount */
+	int rootfd;		/* the root node's own descriptor on it */
+	dev_t newdev;		/* the new upper's */
+	ino_t newino;
+	/* the nodes that outgrow their room, in the shared memory */
+	struct sfs_freeze_grow *grow;
+	size_t ngrow, grow_cap, grow_next;
+	bool grow_failed;
+	bool again;		/* finishing a switch a worker died in */
+};
+bool sfs_switch_nameless(struct sfs_node *n);
+int sfs_switch_prepare(struct sfs_switch_plan *z);
+void sfs_switch_unprepare(struct sfs_switch_plan *z);
+void sfs_switch_run(struct sfs_switch_plan *z);
+bool sfs_switch_pending(void);
+void sfs_switch_fds(struct sfs_fdset *keep);
+void sfs_switch_free_left(void);
+void sfs_switch_rollback(void);
+int sfs_switch_resume(struct sfs_switch_plan *z);
+
 /* progress.c */
 struct sfs_progress;
 struct sfs_progress *sfs_progress_begin(int fd, int layer, off_t total);
@@ -891,7 +971,7 @@ static inline void sfs_count(enum strata_stat what, uint64_t n)
  * (sfs_fs, sfs_node and its parts, sfs_file) is read by the next binary
  * too after an upgrade in place: change one, and bump SFS_SHM_VERSION.
  */
-#define SFS_SHM_VERSION 4
+#define SFS_SHM_VERSION 5
 #define SFS_SHM_CLASSES 51
 /* The shared mapping's size: sparse, so only what is used is resident. */
 #define SFS_SHM_SIZE (64ULL << 30)

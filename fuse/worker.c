@@ -136,6 +136,8 @@ static int sfs_worker_takeover(const struct sfs_fdset *base)
 	sfs_shm_takeover();
 	/* an upper a freeze opened is not among the supervisor's own */
 	sfs_freeze_fds(&keep);
+	/* a node a switch died in, as it was: counted as it is then */
+	sfs_switch_rollback();
 	ret = sfs_table_takeover(&keep);
 	if (ret == 0) {
 		sfs_files_takeover(&keep);

@@ -242,6 +242,11 @@ def freeze_killed(u, newdir):
 @pytest.mark.parametrize("point,said", [
     ("freeze.moved", "finished the freeze into "),
     ("freeze.made", "finished the freeze into "),
+    ("freeze.layers", "finished the switch of the freeze into "),
+    ("freeze:moved2", "finished the switch of the freeze into "),
+    ("freeze:a", "finished the switch of the freeze into "),
+    ("freeze:opq", "finished the switch of the freeze into "),
+    ("frozen:a", "finished the switch of the freeze into "),
     ("freeze.through", "nothing to finish")])
 def test_a_freeze_its_worker_died_in_is_finished(stratafs_only, tmp_path,
                                                  point, said):
@@ -249,16 +254,32 @@ def test_a_freeze_its_worker_died_in_is_finished(stratafs_only, tmp_path,
     yet; made: the new upper made) and before the switch: the next one
     finishes the freeze before it serves, so nothing written afterwards
     lands in the new layer, and the view is the frozen stack's. Killed
-    once the switch was through, before it said so: the next one keeps
-    the stack as it is."""
-    u = mount(stratafs_only, tmp_path, env={"STRATAFS_CRASH_AFTER": point})
+    inside the switch (layers: the stack switched, no node yet;
+    freeze:NAME: half way through that node, the nodes the walk met
+    before it through, the rest not; frozen:NAME: that node through but
+    for freeing what it let go of): the next one puts that node back, or
+    frees that, and goes on past those through. Killed once the switch was through,
+    before it said so: the next one keeps the stack as it is."""
+    # the lower on a filesystem of its own: an entry taken for the wrong
+    # layer shows in the inode numbers of what is found through it
+    lowerfs = stratafs_only.mount_tmpfs("lowerfs")
+    u = mount(stratafs_only, tmp_path, env={"STRATAFS_CRASH_AFTER": point},
+              layer_dirs=[os.path.join(lowerfs, "lower")])
     before_freeze(u)
     upper_then = snapshot_upper(u.upper)
-    view_then = view(u.mnt)
+    view_then = snapshot_tree(u.mnt, xattrs=False, ino=True)
     upper_ino = os.stat(u.upper).st_ino
+    # the nodes named stay (a dentry held: O_PATH sends no OPEN), the rest
+    # go: the walk after looks their children up through them again
+    held = [os.open(u.path(p), os.O_PATH)
+            for p in ("dir/a", "moved2", "opq", "new/deep")]
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("2")
     frozen = tmp_path / "frozen"
     freeze_killed(u, frozen)
-    assert view(u.mnt) == view_then
+    assert snapshot_tree(u.mnt, xattrs=False, ino=True) == view_then
+    for fd in held:
+        os.close(fd)
     assert os.stat(frozen).st_ino == upper_ino
     assert os.listdir(u.upper) == []
     after_freeze(u)
@@ -266,6 +287,40 @@ def test_a_freeze_its_worker_died_in_is_finished(stratafs_only, tmp_path,
     told = [line for line in u.stderr().splitlines() if said in line]
     assert len(told) == 1 and str(frozen) in told[0], u.stderr()
     assert_stack_agrees(stratafs_only, u, [frozen], "1")
+
+
+@pytest.mark.skipif(not supervised(),
+                    reason="without a supervisor a dead daemon's mount is gone")
+@pytest.mark.parametrize("point", ["freeze:d2", "frozen:d2"])
+def test_a_grown_node_its_worker_died_in(stratafs_only, tmp_path, point):
+    """A directory frozen with an upper entry, then renamed (an upper
+    entry again): the second freeze gives its entries an array of their
+    own, made ready before the switch. The worker killed half way
+    through that node (the array still the list's) or once through (the
+    node's): the next one ends with the stack the kernel's overlayfs
+    shows."""
+    u = mount(stratafs_only, tmp_path, env={"STRATAFS_CRASH_AFTER": point})
+    with open(u.path("dir/a"), "a") as f:
+        f.write("first\n")
+    f1, f2 = tmp_path / "f1", tmp_path / "f2"
+    status, text = freeze(u, f1)
+    assert status == 0, text
+    os.rename(u.path("dir"), u.path("d2"))
+    with open(u.path("d2/b"), "a") as f:
+        f.write("second\n")
+    upper_then = snapshot_upper(u.upper)
+    view_then = view(u.mnt)
+    freeze_killed(u, f2)
+    told = [line for line in u.stderr().splitlines()
+            if "finished the switch of the freeze into " in line]
+    assert len(told) == 1 and str(f2) in told[0], u.stderr()
+    assert view(u.mnt) == view_then
+    assert snapshot_upper(str(f2)) == upper_then
+    with open(u.path("d2/c"), "w") as f:
+        f.write("third\n")
+    os.unlink(u.path("d2/a"))
+    assert snapshot_upper(str(f2)) == upper_then
+    assert_stack_agrees(stratafs_only, u, [f2, f1], "1")
 
 
 @pytest.mark.skipif(not supervised(),
