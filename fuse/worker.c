@@ -142,6 +142,8 @@ static int sfs_worker_takeover(const struct sfs_fdset *base)
 	if (ret == 0) {
 		sfs_files_takeover(&keep);
 		ret = sfs_freeze_takeover(&keep);
+		/* a freeze it finished moved readers to new descriptors */
+		sfs_files_fds(&keep);
 	}
 	if (ret == 0) {
 		sfs_table_prune();

@@ -325,6 +325,46 @@ def test_a_grown_node_its_worker_died_in(stratafs_only, tmp_path, point):
 
 @pytest.mark.skipif(not supervised(),
                     reason="without a supervisor a dead daemon's mount is gone")
+@holds_handles
+def test_handles_of_a_switch_its_worker_died_in(stratafs_only, tmp_path):
+    """The worker killed once the switch had moved the first open handle
+    (freeze.files): the next one moves the others, and the one moved
+    stays as it is. Readers opened on lower files that were copied up
+    since read the copies; a writer's later writes go to the new upper,
+    not into the frozen layer."""
+    u = mount(stratafs_only, tmp_path, extra_opts=["nopassthrough"],
+              env={"STRATAFS_CRASH_AFTER": "freeze.files"})
+    readers = {name: os.open(u.path(name), os.O_RDONLY)
+               for name in ("keep", "dir/a", "dir/b")}
+    for name in readers:
+        with open(u.path(name), "r+") as f:
+            f.write("UPPER")
+    w = os.open(u.path("written"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    os.write(w, b"before\n")
+    upper_then = snapshot_upper(u.upper)
+    frozen = tmp_path / "frozen"
+    freeze_killed(u, frozen)
+    told = [line for line in u.stderr().splitlines()
+            if "finished the switch of the freeze into " in line]
+    assert len(told) == 1 and str(frozen) in told[0], u.stderr()
+    assert os.pread(readers["keep"], 100, 0) == b"UPPER keep\n"
+    assert os.pread(readers["dir/a"], 100, 0) == b"UPPER"
+    assert os.pread(readers["dir/b"], 100, 0) == b"UPPER"
+    os.write(w, b"after\n")
+    with open(u.path("keep"), "a") as f:
+        f.write("more\n")
+    assert os.pread(readers["keep"], 100, 0) == b"UPPER keep\nmore\n"
+    for fd in list(readers.values()) + [w]:
+        os.close(fd)
+    with open(u.path("written"), "rb") as f:
+        assert f.read() == b"before\nafter\n"
+    assert snapshot_upper(str(frozen)) == upper_then
+    assert sorted(os.listdir(u.upper)) == ["keep", "written"]
+    assert_stack_agrees(stratafs_only, u, [frozen], "1")
+
+
+@pytest.mark.skipif(not supervised(),
+                    reason="without a supervisor a dead daemon's mount is gone")
 def test_a_freeze_that_cannot_be_finished(stratafs_only, tmp_path):
     """The worker killed once the upper was renamed, and the next one
     cannot make the new upper: its filesystem has no inode left (the
