@@ -454,7 +454,6 @@ void sfs_io_shutdown(void)
 		return;
 	eventfd_write(sfs_io.stopfd, 1);
 	pthread_join(sfs_io.reaper, NULL);
-	sfs_io_pool_trim(true);
 	for (r = sfs_io.rings; r; r = r->next)
 		if (!sfs_ring_settle(r, deadline))
 			left += atomic_load(&r->inflight);
@@ -475,6 +474,8 @@ void sfs_io_shutdown(void)
 	close(sfs_io.stopfd);
 	pthread_mutex_destroy(&sfs_io.lock);
 	sfs_io.uring = false;
+	/* last: what the settling ops freed went to the pool (sfs_io_buf_free) */
+	sfs_io_pool_trim(true);
 }
 
 /* ---- operations ---- */

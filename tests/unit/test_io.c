@@ -2,6 +2,7 @@
 /* io.c: the data paths copy-up uses, and the engine's replies, on real files. */
 #include <errno.h>
 #include <fcntl.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <semaphore.h>
 #include <stdlib.h>
@@ -210,6 +211,7 @@ static void sfs_test_read_outlives_thread(const char *dir)
 	struct sfs_read_arg harg = { &held, -1, 4096 };
 	int fd, shorts = 0;
 	pthread_t hold;
+	size_t mapped;
 
 	snprintf(path, sizeof(path), "%s/cold", dir);
 	fd = open(path, O_CREAT | O_RDWR, 0600);
@@ -220,6 +222,9 @@ static void sfs_test_read_outlives_thread(const char *dir)
 	harg.fd = fd;
 	/* no readahead past the page read: the rest stays on disk */
 	CHECK_EQ_INT(posix_fadvise(fd, 0, len, POSIX_FADV_RANDOM), 0);
+	/* the daemon's threshold (super.c): each 256 KiB buffer a mapping */
+	mallopt(M_MMAP_THRESHOLD, 128 * 1024);
+	mapped = mallinfo2().hblkhd;
 	CHECK_EQ_INT(sfs_io_init("uring"), 0);
 	/* one read in progress throughout, so that the rounds' use the ring */
 	sem_init(&held.done, 0, 0);
@@ -258,6 +263,8 @@ static void sfs_test_read_outlives_thread(const char *dir)
 		sem_destroy(&reply.done);
 	}
 	CHECK_EQ_INT(shorts, 0);
+	/* the last round's buffer, freed as the engine stopped, is not kept */
+	CHECK_EQ_INT(mallinfo2().hblkhd, mapped);
 	sem_destroy(&held.done);
 	close(fd);
 	free(data);
