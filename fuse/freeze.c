@@ -482,24 +482,14 @@ int sfs_freeze_takeover(struct sfs_fdset *keep)
 		.upparent = -1, .sp = { .newfd = -1, .rootfd = -1 }, .out = msg,
 		.size = sizeof(msg), .takeover = true,
 	};
+	const char *where = "in its switch";
 	int ret;
 
 	sfs_switch_free_left();
 	if (!z.newdir)
 		return 0;
-	if (sfs_switch_pending()) {
-		ret = sfs_switch_resume(&z.sp);
-		if (ret < 0) {
-			sfs_freeze_msg(&z, "no memory for the nodes' layers");
-			goto out_err;
-		}
-		if (sfs_usage_recount(&z.bytes) < 0)
-			strata_warn("freeze: counting the new upper's usage");
-		strata_warn("freeze: finished the switch of the freeze into %s "
-			    "that the worker before died in",
-			    sfs->lower[0].path);
-		goto out;
-	}
+	if (sfs_switch_pending())
+		goto finish;
 	ret = sfs_freeze_open_upper(&z);
 	if (ret == 0) {
 		/*
@@ -529,20 +519,19 @@ int sfs_freeze_takeover(struct sfs_fdset *keep)
 			       sfs->upper_real, strerror(-ret));
 		goto out_err;
 	}
-	ret = sfs_switch_prepare(&z.sp);
+	sfs_fdset_add(keep, z.sp.newfd);
+	sfs_fdset_add(keep, z.sp.rootfd);
+	where = "after its upper moved";
+finish:
+	ret = sfs_switch_finish(&z.sp);
 	if (ret < 0) {
 		sfs_freeze_msg(&z, "no memory for the nodes' layers");
 		goto out_err;
 	}
-	/* the upper moved only once every name was linked up (linkup.c) */
-	sfs_linkup_drop();
-	sfs_switch_run(&z.sp);
-	sfs_fdset_add(keep, sfs->upper.fd);
-	sfs_fdset_add(keep, sfs->root->up.fd);
 	if (sfs_usage_recount(&z.bytes) < 0)
 		strata_warn("freeze: counting the new upper's usage");
 	strata_warn("freeze: finished the freeze into %s that the worker "
-		    "before died in", sfs->lower[0].path);
+		    "before died %s", sfs->lower[0].path, where);
 	goto out;
 out_err:
 	strata_err("freeze: the worker before died in a freeze into %s "

@@ -946,7 +946,7 @@ bool sfs_switch_pending(void);
 void sfs_switch_fds(struct sfs_fdset *keep);
 void sfs_switch_free_left(void);
 void sfs_switch_rollback(void);
-int sfs_switch_resume(struct sfs_switch_plan *z);
+int sfs_switch_finish(struct sfs_switch_plan *z);
 
 /* progress.c */
 struct sfs_progress;

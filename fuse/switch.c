@@ -23,7 +23,7 @@
  * was, and a copy of what it changes of the node in hand, which lets go
  * of nothing until it is through. The next worker puts that node back
  * (sfs_switch_rollback), before it counts the nodes, and goes on from the
- * phase reached, past the nodes already through (sfs_switch_resume).
+ * phase reached, past the nodes already through (sfs_switch_finish).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -430,7 +430,7 @@ static void sfs_switch_layers(void)
 
 /*
  * Inside the window: the layers and every node and handle, no I/O. In
- * phases a successor goes on from (sfs_switch_resume), each of which
+ * phases a successor goes on from (sfs_switch_finish), each of which
  * can be done again: the stack is made from the record, a handle moved
  * is seen to be, a node through carries the new generation, and the one
  * a worker died in is put back first (sfs_switch_rollback).
@@ -475,7 +475,7 @@ void sfs_switch_run(struct sfs_switch_plan *z)
 /*
  * Before a new worker counts the nodes (worker.c): the node a switch
  * died in is put back as it was, or, had it got through, what it let go
- * of is freed. The switch itself goes on in sfs_switch_resume.
+ * of is freed. The switch itself goes on in sfs_switch_finish.
  */
 void sfs_switch_rollback(void)
 {
@@ -515,21 +515,25 @@ void sfs_switch_fds(struct sfs_fdset *keep)
 }
 
 /*
- * A switch the worker before died in, from the phase it had reached,
- * with arrays made again for the nodes it did not reach (those it made
- * ready are freed by then: sfs_switch_free_left).
+ * The switch of a freeze the worker before died in: from the phase it
+ * had reached, with the record's stack and descriptors, or, had it not
+ * begun, from Z as the caller made it (a fresh upper). Arrays are made
+ * again for the nodes not reached (those the dead worker made ready are
+ * freed by then: sfs_switch_free_left).
  */
-int sfs_switch_resume(struct sfs_switch_plan *z)
+int sfs_switch_finish(struct sfs_switch_plan *z)
 {
 	struct sfs_switch *sw = &sfs->sw;
 	int ret = sfs_switch_prepare(z);
 
 	if (ret < 0)
 		return ret;
-	z->frozen = sw->frozen;
-	z->newfd = sw->newfd;
-	z->rootfd = sw->rootfd;
-	z->again = true;
+	if (sfs_switch_pending()) {
+		z->frozen = sw->frozen;
+		z->newfd = sw->newfd;
+		z->rootfd = sw->rootfd;
+		z->again = true;
+	}
 	/* the upper moved only once every name was linked up (linkup.c) */
 	sfs_linkup_drop();
 	sfs_switch_run(z);

@@ -240,13 +240,13 @@ def freeze_killed(u, newdir):
 @pytest.mark.skipif(not supervised(),
                     reason="without a supervisor a dead daemon's mount is gone")
 @pytest.mark.parametrize("point,said", [
-    ("freeze.moved", "finished the freeze into "),
-    ("freeze.made", "finished the freeze into "),
-    ("freeze.layers", "finished the switch of the freeze into "),
-    ("freeze:moved2", "finished the switch of the freeze into "),
-    ("freeze:a", "finished the switch of the freeze into "),
-    ("freeze:opq", "finished the switch of the freeze into "),
-    ("frozen:a", "finished the switch of the freeze into "),
+    ("freeze.moved", "died after its upper moved"),
+    ("freeze.made", "died after its upper moved"),
+    ("freeze.layers", "died in its switch"),
+    ("freeze:moved2", "died in its switch"),
+    ("freeze:a", "died in its switch"),
+    ("freeze:opq", "died in its switch"),
+    ("frozen:a", "died in its switch"),
     ("freeze.through", "nothing to finish")])
 def test_a_freeze_its_worker_died_in_is_finished(stratafs_only, tmp_path,
                                                  point, said):
@@ -312,7 +312,7 @@ def test_a_grown_node_its_worker_died_in(stratafs_only, tmp_path, point):
     view_then = view(u.mnt)
     freeze_killed(u, f2)
     told = [line for line in u.stderr().splitlines()
-            if "finished the switch of the freeze into " in line]
+            if "died in its switch" in line]
     assert len(told) == 1 and str(f2) in told[0], u.stderr()
     assert view(u.mnt) == view_then
     assert snapshot_upper(str(f2)) == upper_then
@@ -345,7 +345,7 @@ def test_handles_of_a_switch_its_worker_died_in(stratafs_only, tmp_path):
     frozen = tmp_path / "frozen"
     freeze_killed(u, frozen)
     told = [line for line in u.stderr().splitlines()
-            if "finished the switch of the freeze into " in line]
+            if "died in its switch" in line]
     assert len(told) == 1 and str(frozen) in told[0], u.stderr()
     assert os.pread(readers["keep"], 100, 0) == b"UPPER keep\n"
     assert os.pread(readers["dir/a"], 100, 0) == b"UPPER"
