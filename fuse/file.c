@@ -261,7 +261,7 @@ int sfs_file_reply(fuse_req_t req, struct sfs_file *f,
 
 	fi->fh = sfs_file_handle(f);
 	if (backing)
-		return sfs_pass_reply(req, e, fi->fh, backing);
+		return sfs_pass_reply(req, e, fi->fh, backing, fi->flags);
 	fi->keep_cache = sfs_pass_keep_cache(f->node);
 	/* FLUSH does nothing here: spare the round trip on every close */
 	fi->noflush = 1;

@@ -124,7 +124,8 @@ int sfs_pass_open(struct sfs_file *f, int open_flags)
 		 * the backing file with the open's own flags, and an F_SETFL
 		 * that clears O_APPEND later never reaches it (adding it
 		 * does: the kernel passes the user file's append on per
-		 * write).
+		 * write). With passthrough already on, it joins it in
+		 * direct I/O instead (sfs_pass_reply).
 		 */
 		if (atomic_load(&n->nopen) > 1 || (open_flags & O_APPEND))
 			goto out;
@@ -235,7 +236,7 @@ void sfs_entry_out(struct fuse_entry_out *o, const struct fuse_entry_param *e)
 }
 
 int sfs_pass_reply(fuse_req_t req, const struct fuse_entry_param *e,
-		   uint64_t fh, int backing)
+		   uint64_t fh, int backing, int open_flags)
 {
 	struct fuse_entry_out entry;
 	/* FLUSH does nothing here, as for every open (sfs_file_reply) */
@@ -246,6 +247,18 @@ int sfs_pass_reply(fuse_req_t req, const struct fuse_entry_param *e,
 	};
 	struct iovec iov[2];
 	int n = 0;
+
+	/*
+	 * An O_APPEND open of a file already in passthrough (sfs_pass_open
+	 * starts none for it). The kernel fails with EIO any open of such
+	 * a file that is not passthrough too, and a passthrough one keeps
+	 * O_APPEND past an F_SETFL that clears it. Direct I/O with the
+	 * backing file sends its reads and writes here, each with the
+	 * offset the kernel chose from the flags of the moment, and leaves
+	 * the backing file to mmap(2) alone.
+	 */
+	if (open_flags & O_APPEND)
+		open.open_flags |= FOPEN_DIRECT_IO;
 
 	if (e) {
 		sfs_entry_out(&entry, e);

@@ -763,7 +763,7 @@ void sfs_pass_release(struct sfs_file *f);
 bool sfs_pass_keep_cache(struct sfs_node *n);
 bool sfs_pass_wanted(void);
 int sfs_pass_reply(fuse_req_t req, const struct fuse_entry_param *e,
-		   uint64_t fh, int backing);
+		   uint64_t fh, int backing, int open_flags);
 struct fuse_entry_out;
 void sfs_entry_out(struct fuse_entry_out *o, const struct fuse_entry_param *e);
 

@@ -4,6 +4,7 @@
 
 import errno
 import fcntl
+import mmap
 import os
 import stat
 import struct
@@ -261,24 +262,43 @@ def test_noallow_other_keeps_other_users_out(stratafs_only):
     assert read_bytes(u.path("pub")) == b"public"
 
 
-@pytest.mark.parametrize("where", ["lower", "upper"])
+@pytest.mark.parametrize("where", ["lower", "upper", "beside-a-writer"])
 def test_append_cleared_by_fcntl_writes_at_the_offset(union, where):
     """O_APPEND is the kernel's to apply: cleared with fcntl(F_SETFL), a
     pwrite at 0 writes at 0, as on the kernel's overlayfs (which passes
     the change on to the real file). stratafs opened the real file with
     O_APPEND, so it appended; that also made a WRITE sent again after a
-    worker's death append its bytes twice."""
+    worker's death append its bytes twice.
+
+    beside-a-writer: another handle is open on the file (with passthrough,
+    the daemon's default, the kernel writes through it without the
+    daemon) when the O_APPEND one opens. The O_APPEND handle joined that
+    passthrough and the kernel's backing file kept O_APPEND past the
+    F_SETFL. A RELEASE is sent after close(2) returns, so a handle just
+    closed can still be open for the daemon: the upper case met this at
+    random in CI."""
     u = union.make([{"f": "abcdef"} if where == "lower" else {}])
-    if where == "upper":
+    if where != "lower":
         with open(u.path("f"), "w") as f:
             f.write("abcdef")
-    fd = os.open(u.path("f"), os.O_WRONLY | os.O_APPEND)
+    other = (os.open(u.path("f"), os.O_RDWR) if where == "beside-a-writer"
+             else -1)
+    fd = os.open(u.path("f"), os.O_RDWR | os.O_APPEND)
+    expect = b"XYcdefGHZ" if other >= 0 else b"XbcdefGHZ"
     try:
         os.write(fd, b"GH")
         os.pwrite(fd, b"Z", 0)      # O_APPEND: at the end, whatever the offset
         fcntl.fcntl(fd, fcntl.F_SETFL, 0)
         os.pwrite(fd, b"X", 0)
+        if other >= 0:
+            # the first handle still writes where it is told
+            os.pwrite(other, b"Y", 1)
+            assert os.pread(other, 16, 0) == expect
+        # and the appending handle maps what both wrote
+        with mmap.mmap(fd, 0, mmap.MAP_SHARED, mmap.PROT_READ) as m:
+            assert m[:] == expect
     finally:
         os.close(fd)
-    # with passthrough too: an O_APPEND handle stays with the daemon
-    assert read_bytes(u.path("f")) == b"XbcdefGHZ"
+        if other >= 0:
+            os.close(other)
+    assert read_bytes(u.path("f")) == expect
