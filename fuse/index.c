@@ -70,27 +70,22 @@ void sfs_layer_uuid(struct sfs_layer *l)
 
 int sfs_fh_encode(int fd, const struct sfs_layer *l, struct sfs_fh *fh)
 {
-	union {
-		struct file_handle h;
-		char buf[sizeof(struct file_handle) + MAX_HANDLE_SZ];
-	} h;
-	int mount_id;
+	unsigned char *bytes = fh->buf + SFS_FH_HEADER + SFS_FH_UUID;
+	int len, type;
 
-	h.h.handle_bytes = MAX_HANDLE_SZ;
-	if (name_to_handle_at(fd, "", &h.h, &mount_id, AT_EMPTY_PATH) < 0)
-		return -errno;
 	/* the index entry's name is twice as long: it must be a name */
-	if (2 * (SFS_FH_HEADER + SFS_FH_UUID + h.h.handle_bytes) > NAME_MAX)
-		return -EOVERFLOW;
-	fh->len = SFS_FH_HEADER + SFS_FH_UUID + h.h.handle_bytes;
+	len = sfs_fhandle_get(fd, "", AT_EMPTY_PATH, bytes,
+			      NAME_MAX / 2 - SFS_FH_HEADER - SFS_FH_UUID,
+			      &type);
+	if (len < 0)
+		return len;
+	fh->len = SFS_FH_HEADER + SFS_FH_UUID + len;
 	fh->buf[0] = SFS_FH_VERSION;
 	fh->buf[1] = SFS_FH_MAGIC;
 	fh->buf[2] = fh->len;
 	fh->buf[3] = SFS_FH_FLAGS;
-	fh->buf[4] = h.h.handle_type;
+	fh->buf[4] = type;
 	memcpy(fh->buf + SFS_FH_HEADER, l->uuid, SFS_FH_UUID);
-	memcpy(fh->buf + SFS_FH_HEADER + SFS_FH_UUID, h.h.f_handle,
-	       h.h.handle_bytes);
 	return 0;
 }
 
@@ -147,26 +142,18 @@ int sfs_origin_fh_set(int dirfd, const char *name, const struct sfs_fh *fh)
  */
 int sfs_fh_decode(const struct sfs_fh *fh, int *layer)
 {
-	union {
-		struct file_handle h;
-		char buf[sizeof(struct file_handle) + MAX_HANDLE_SZ];
-	} h;
-	size_t bytes;
-
 	if (!sfs_fh_valid(fh))
 		return -EINVAL;
-	bytes = fh->len - SFS_FH_HEADER - SFS_FH_UUID;
-	h.h.handle_bytes = bytes;
-	h.h.handle_type = fh->buf[4];
-	memcpy(h.h.f_handle, fh->buf + SFS_FH_HEADER + SFS_FH_UUID, bytes);
 	for (int l = 0; l < sfs->nlower; l++) {
 		int fd;
 
 		if (memcmp(sfs->lower[l].uuid, fh->buf + SFS_FH_HEADER,
 			   SFS_FH_UUID))
 			continue;
-		fd = open_by_handle_at(sfs->lower[l].fd, &h.h,
-				       O_PATH | O_CLOEXEC);
+		fd = sfs_fhandle_open(sfs->lower[l].fd,
+				      fh->buf + SFS_FH_HEADER + SFS_FH_UUID,
+				      fh->len - SFS_FH_HEADER - SFS_FH_UUID,
+				      fh->buf[4], O_PATH | O_CLOEXEC);
 		if (fd >= 0) {
 			*layer = l;
 			return fd;

@@ -461,42 +461,37 @@ static int sfs_entry_mountfd(const struct sfs_entry *e)
 	return e->layer == 0 ? sfs->upper.fd : sfs->lower[e->layer - 1].fd;
 }
 
-union sfs_handle_buf {
-	struct file_handle fh;
-	char buf[sizeof(struct file_handle) + MAX_HANDLE_SZ];
-};
-
 static int sfs_entry_handle(struct sfs_entry *e)
 {
-	union sfs_handle_buf h;
-	struct file_handle *fh;
-	size_t size;
-	int mount_id;
+	unsigned char bytes[MAX_HANDLE_SZ];
+	struct sfs_fhblock *fh;
+	int len, type;
 
 	if (e->fh_len || e->fh)
 		return 0;
-	h.fh.handle_bytes = MAX_HANDLE_SZ;
-	if (name_to_handle_at(e->fd, "", &h.fh, &mount_id, AT_EMPTY_PATH) < 0)
-		return -errno;
-	if (h.fh.handle_bytes > 0 &&
-	    h.fh.handle_bytes <= sizeof(e->fh_bytes) &&
-	    h.fh.handle_type >= 0 && h.fh.handle_type <= UINT8_MAX) {
-		memcpy(e->fh_bytes, h.fh.f_handle, h.fh.handle_bytes);
-		e->fh_type = (uint8_t)h.fh.handle_type;
+	len = sfs_fhandle_get(e->fd, "", AT_EMPTY_PATH, bytes, sizeof(bytes),
+			      &type);
+	if (len < 0)
+		return len;
+	if (len > 0 && (size_t)len <= sizeof(e->fh_bytes) &&
+	    type >= 0 && type <= UINT8_MAX) {
+		memcpy(e->fh_bytes, bytes, len);
+		e->fh_type = (uint8_t)type;
 		/* last: a successor finds the bytes whole, or no handle */
 		atomic_thread_fence(memory_order_release);
-		e->fh_len = (uint8_t)h.fh.handle_bytes;
+		e->fh_len = (uint8_t)len;
 		return 0;
 	}
 	/*
-	 * An exact allocation, not a shrunk MAX_HANDLE_SZ one, whose freed
-	 * tails would riddle the arena with holes too small for a node.
+	 * An exact allocation, not a MAX_HANDLE_SZ one, whose unused tails
+	 * would riddle the arena with holes too small for a node.
 	 */
-	size = sizeof(h.fh) + h.fh.handle_bytes;
-	fh = sfs_shm_alloc(size);
+	fh = sfs_shm_alloc(sizeof(*fh) + len);
 	if (!fh)
 		return -ENOMEM;
-	memcpy(fh, &h, size);
+	fh->len = (uint32_t)len;
+	fh->type = type;
+	memcpy(fh->bytes, bytes, len);
 	atomic_thread_fence(memory_order_release);
 	e->fh = fh;
 	return 0;
@@ -512,21 +507,18 @@ void sfs_entry_drop_handle(struct sfs_entry *e)
 
 static int sfs_entry_reopen(struct sfs_entry *e, mode_t type)
 {
-	int flags = S_ISDIR(type) ? O_RDONLY | O_DIRECTORY : O_PATH;
-	union sfs_handle_buf h;
-	struct file_handle *fh = e->fh;
+	int flags = (S_ISDIR(type) ? O_RDONLY | O_DIRECTORY : O_PATH) |
+		    O_CLOEXEC;
 	int fd;
 
-	if (e->fh_len) {
-		h.fh.handle_bytes = e->fh_len;
-		h.fh.handle_type = e->fh_type;
-		memcpy(h.fh.f_handle, e->fh_bytes, e->fh_len);
-		fh = &h.fh;
-	}
-	fd = open_by_handle_at(sfs_entry_mountfd(e), fh, flags | O_CLOEXEC);
-
+	if (e->fh_len)
+		fd = sfs_fhandle_open(sfs_entry_mountfd(e), e->fh_bytes,
+				      e->fh_len, e->fh_type, flags);
+	else
+		fd = sfs_fhandle_open(sfs_entry_mountfd(e), e->fh->bytes,
+				      e->fh->len, e->fh->type, flags);
 	if (fd < 0)
-		return -errno;
+		return fd;
 	e->fd = fd;
 	return 0;
 }

@@ -226,6 +226,7 @@ static void sfs_unescape_path(char *s)
 /* What libfuse says while it reads the options, to be said our way. */
 static char sfs_fuse_said[512];
 
+__attribute__((format(printf, 2, 0)))
 static void sfs_fuse_log(enum fuse_log_level level, const char *fmt,
 			 va_list ap)
 {

@@ -96,9 +96,16 @@ struct sfs_entry {
 	uint8_t fh_len;
 	uint8_t fh_type;
 	union {
-		struct file_handle *fh;
+		struct sfs_fhblock *fh;
 		unsigned char fh_bytes[8];
 	};
+};
+
+/* An entry's file handle too large for the entry (util.c, inode.c). */
+struct sfs_fhblock {
+	uint32_t len;
+	int32_t type;
+	unsigned char bytes[];
 };
 
 /*
@@ -1054,5 +1061,9 @@ void sfs_new_owner(struct sfs_node *dir, mode_t *mode, uid_t *uid, gid_t *gid);
 int sfs_fd_chmod(int fd, mode_t mode);
 bool sfs_req_in_group(fuse_req_t req, gid_t gid);
 bool sfs_req_capable(fuse_req_t req, int cap);
+int sfs_fhandle_get(int dirfd, const char *path, int at_flags,
+		    unsigned char *bytes, size_t room, int *type);
+int sfs_fhandle_open(int mountfd, const unsigned char *bytes, size_t len,
+		     int type, int flags);
 
 #endif

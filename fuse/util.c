@@ -187,3 +187,46 @@ long long sfs_now_ns(void)
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
+
+/*
+ * A file's handle: its BYTES (ROOM of them at most; MAX_HANDLE_SZ fits
+ * any) and TYPE, for PATH under DIRFD with name_to_handle_at's AT_FLAGS.
+ * Returns the length, or a negative errno. Plain bytes, so that what
+ * keeps handles (nodes, origins) needs no struct file_handle.
+ */
+int sfs_fhandle_get(int dirfd, const char *path, int at_flags,
+		    unsigned char *bytes, size_t room, int *type)
+{
+	union {
+		struct file_handle h;
+		char buf[sizeof(struct file_handle) + MAX_HANDLE_SZ];
+	} u = { .h.handle_bytes = MAX_HANDLE_SZ };
+	int mount_id;
+
+	if (name_to_handle_at(dirfd, path, &u.h, &mount_id, at_flags) < 0)
+		return -errno;
+	if (u.h.handle_bytes > room)
+		return -EOVERFLOW;
+	memcpy(bytes, u.h.f_handle, u.h.handle_bytes);
+	*type = u.h.handle_type;
+	return (int)u.h.handle_bytes;
+}
+
+/* open_by_handle_at(2) of the handle sfs_fhandle_get gave, LEN bytes. */
+int sfs_fhandle_open(int mountfd, const unsigned char *bytes, size_t len,
+		     int type, int flags)
+{
+	union {
+		struct file_handle h;
+		char buf[sizeof(struct file_handle) + MAX_HANDLE_SZ];
+	} u;
+	int fd;
+
+	if (len > MAX_HANDLE_SZ)
+		return -EINVAL;
+	u.h.handle_bytes = (unsigned int)len;
+	u.h.handle_type = type;
+	memcpy(u.h.f_handle, bytes, len);
+	fd = open_by_handle_at(mountfd, &u.h, flags);
+	return fd < 0 ? -errno : fd;
+}

@@ -54,24 +54,23 @@ static void test_numbers(void)
 static int check_handle_place(struct fixture *fx, const char *path,
 			      const struct sfs_entry *e)
 {
-	union {
-		struct file_handle fh;
-		char buf[sizeof(struct file_handle) + MAX_HANDLE_SZ];
-	} h = { .fh.handle_bytes = MAX_HANDLE_SZ };
-	int mount_id;
+	unsigned char bytes[MAX_HANDLE_SZ];
+	int type, len;
 
-	CHECK_EQ_INT(name_to_handle_at(fx->fd, path, &h.fh, &mount_id, 0), 0);
-	if (h.fh.handle_bytes <= sizeof(e->fh_bytes) &&
-	    h.fh.handle_type >= 0 && h.fh.handle_type <= UINT8_MAX) {
-		CHECK_EQ_INT(e->fh_len, h.fh.handle_bytes);
-		CHECK_EQ_INT(e->fh_type, h.fh.handle_type);
-		CHECK(memcmp(e->fh_bytes, h.fh.f_handle, e->fh_len) == 0);
+	len = sfs_fhandle_get(fx->fd, path, 0, bytes, sizeof(bytes), &type);
+	CHECK(len > 0);
+	if (len <= (int)sizeof(e->fh_bytes) && type >= 0 && type <= UINT8_MAX) {
+		CHECK_EQ_INT(e->fh_len, len);
+		CHECK_EQ_INT(e->fh_type, type);
+		CHECK(memcmp(e->fh_bytes, bytes, e->fh_len) == 0);
 		return 1;
 	}
 	CHECK_EQ_INT(e->fh_len, 0);
 	CHECK(e->fh != NULL);
-	if (e->fh)
-		CHECK_EQ_INT(e->fh->handle_bytes, h.fh.handle_bytes);
+	if (e->fh) {
+		CHECK_EQ_INT(e->fh->len, len);
+		CHECK(memcmp(e->fh->bytes, bytes, len) == 0);
+	}
 	return 0;
 }
 
