@@ -329,6 +329,12 @@ struct sfs_switch {
 	 * go of is freed (each item cleared before it is).
 	 */
 	_Atomic(struct sfs_node *) node;
+	/*
+	 * Or the node whose entries only move down a layer, most of them,
+	 * and their layers as they were (sfs_switch_shift).
+	 */
+	_Atomic(struct sfs_node *) shifting;
+	int16_t layers[SFS_MAX_LOWERS];
 	struct {
 		struct sfs_entry up;
 		struct sfs_entry *out;	/* the array, when lower_out */
@@ -978,7 +984,7 @@ static inline void sfs_count(enum strata_stat what, uint64_t n)
  * (sfs_fs, sfs_node and its parts, sfs_file) is read by the next binary
  * too after an upgrade in place: change one, and bump SFS_SHM_VERSION.
  */
-#define SFS_SHM_VERSION 5
+#define SFS_SHM_VERSION 6
 #define SFS_SHM_CLASSES 51
 /* The shared mapping's size: sparse, so only what is used is resident. */
 #define SFS_SHM_SIZE (64ULL << 30)

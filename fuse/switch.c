@@ -20,8 +20,9 @@
  *
  * A worker dying half way. The switch keeps a record in the shared state
  * as it goes (struct sfs_switch): the phase it is in, the stack as it
- * was, and a copy of what it changes of the node in hand, which lets go
- * of nothing until it is through. The next worker puts that node back
+ * was, and a copy of what it changes of the node in hand (only its
+ * entries, for the many that just move down a layer), which lets go of
+ * nothing until it is through. The next worker puts that node back
  * (sfs_switch_rollback), before it counts the nodes, and goes on from the
  * phase reached, past the nodes already through (sfs_switch_finish).
  */
@@ -196,7 +197,9 @@ static void sfs_switch_save(struct sfs_node *n)
 	sw->was.has_origin = atomic_load(&n->has_origin);
 	sw->was.opaque = di && di->opaque;
 	sw->was.impure = di && di->impure;
-	memcpy(sw->entries, sfs_node_lower(n), n->nlower * sizeof(sw->entries[0]));
+	/* a loop: see sfs_switch_shift */
+	for (int i = 0; i < n->nlower; i++)
+		sw->entries[i] = sfs_node_lower(n)[i];
 	atomic_store_explicit(&sw->node, n, memory_order_release);
 }
 
@@ -272,6 +275,30 @@ static void sfs_switch_crash_in(const char *when, struct sfs_node *n)
 }
 
 /*
+ * A node in no upper entry (or with no name): its entries move down a
+ * layer, and that is all. Most nodes are such on any freeze after the
+ * first, so the record is only their layers as they were, which the
+ * next worker puts back (sfs_switch_rollback) if this one dies before
+ * the node is through. A loop, not memcpy: for a few bytes, the string
+ * instruction that memcpy picks cost more than the whole of the rest of
+ * a node (perf, tests/bench/freeze-stall.py).
+ */
+static void sfs_switch_shift(struct sfs_node *n)
+{
+	struct sfs_switch *sw = &sfs->sw;
+	struct sfs_entry *lower = sfs_node_lower(n);
+
+	for (int i = 0; i < n->nlower; i++)
+		sw->layers[i] = lower[i].layer;
+	atomic_store_explicit(&sw->shifting, n, memory_order_release);
+	for (int i = 0; i < n->nlower; i++)
+		lower[i].layer++;
+	sfs_switch_crash_in("freeze:", n);
+	atomic_store_explicit(&n->fgen, sw->gen, memory_order_release);
+	atomic_store_explicit(&sw->shifting, NULL, memory_order_release);
+}
+
+/*
  * The node as the frozen stack shows it; see the top of the file. What
  * it lets go of is freed only once it is through (fgen), so that until
  * then sfs->sw.was can put it back.
@@ -286,14 +313,16 @@ static void sfs_switch_node(struct sfs_node *n, void *arg)
 
 	if (atomic_load(&n->fgen) == sw->gen)
 		return;		/* through before its worker died */
+	if (!atomic_load(&n->has_upper) || sfs_switch_nameless(n)) {
+		sfs_switch_shift(n);
+		return;
+	}
 	sfs_switch_save(n);
 	lower = sfs_node_lower(n);
 	top = n->up;
 	count = n->nlower;
 	for (int i = 0; i < n->nlower; i++)
 		lower[i].layer++;
-	if (!atomic_load(&n->has_upper) || sfs_switch_nameless(n))
-		goto through;
 	top.layer = 1;
 	if (!S_ISDIR(n->type) || (sfs_node_di(n)->opaque && n != sfs->root)) {
 		/* the frozen entry hid these already */
@@ -329,7 +358,6 @@ static void sfs_switch_node(struct sfs_node *n, void *arg)
 		sfs_node_di(n)->redirect = NULL;
 	}
 	sfs_switch_crash_in("freeze:", n);
-through:
 	atomic_store_explicit(&n->fgen, sw->gen, memory_order_release);
 	sfs_switch_crash_in("frozen:", n);
 	if (took)
@@ -411,6 +439,7 @@ static void sfs_switch_begin(struct sfs_switch_plan *z)
 	memcpy(sw->lower, sfs->lower, sfs->nlower * sizeof(sw->lower[0]));
 	sw->ntraps = sfs->ntraps;
 	atomic_store(&sw->node, NULL);
+	atomic_store(&sw->shifting, NULL);
 	atomic_store(&sw->phase, SFS_SWITCH_LAYERS);
 }
 
@@ -480,9 +509,20 @@ void sfs_switch_run(struct sfs_switch_plan *z)
 void sfs_switch_rollback(void)
 {
 	struct sfs_switch *sw = &sfs->sw;
-	struct sfs_node *n = atomic_load(&sw->node);
+	struct sfs_node *n = atomic_load(&sw->shifting);
 
-	if (atomic_load(&sw->phase) == SFS_SWITCH_NONE || !n)
+	if (atomic_load(&sw->phase) == SFS_SWITCH_NONE)
+		return;
+	if (n) {
+		/* through, it has nothing to free */
+		for (int i = 0; atomic_load(&n->fgen) != sw->gen &&
+				i < n->nlower; i++)
+			sfs_node_lower(n)[i].layer = sw->layers[i];
+		atomic_store(&sw->shifting, NULL);
+		return;
+	}
+	n = atomic_load(&sw->node);
+	if (!n)
 		return;
 	if (atomic_load(&n->fgen) != sw->gen) {
 		sfs_switch_restore(n);

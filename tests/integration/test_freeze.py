@@ -246,6 +246,7 @@ def freeze_killed(u, newdir):
     ("freeze:moved2", "died in its switch"),
     ("freeze:a", "died in its switch"),
     ("freeze:opq", "died in its switch"),
+    ("freeze:still", "died in its switch"),
     ("frozen:a", "died in its switch"),
     ("freeze.through", "nothing to finish")])
 def test_a_freeze_its_worker_died_in_is_finished(stratafs_only, tmp_path,
@@ -256,15 +257,18 @@ def test_a_freeze_its_worker_died_in_is_finished(stratafs_only, tmp_path,
     lands in the new layer, and the view is the frozen stack's. Killed
     inside the switch (layers: the stack switched, no node yet;
     freeze:NAME: half way through that node, the nodes the walk met
-    before it through, the rest not; frozen:NAME: that node through but
-    for freeing what it let go of): the next one puts that node back, or
-    frees that, and goes on past those through. Killed once the switch was through,
-    before it said so: the next one keeps the stack as it is."""
+    before it through, the rest not; "still", a directory only in the
+    lower, only moves down a layer, recorded apart; frozen:NAME: that
+    node through but for freeing what it let go of): the next one puts
+    that node back, or frees that, and goes on past those through.
+    Killed once the switch was through, before it said so: the next one
+    keeps the stack as it is."""
     # the lower on a filesystem of its own: an entry taken for the wrong
     # layer shows in the inode numbers of what is found through it
     lowerfs = stratafs_only.mount_tmpfs("lowerfs")
     u = mount(stratafs_only, tmp_path, env={"STRATAFS_CRASH_AFTER": point},
-              layer_dirs=[os.path.join(lowerfs, "lower")])
+              layer_dirs=[os.path.join(lowerfs, "lower")],
+              lowers=({**LOWER, "still/x": "untouched\n"},))
     before_freeze(u)
     upper_then = snapshot_upper(u.upper)
     view_then = snapshot_tree(u.mnt, xattrs=False, ino=True)
@@ -272,7 +276,7 @@ def test_a_freeze_its_worker_died_in_is_finished(stratafs_only, tmp_path,
     # the nodes named stay (a dentry held: O_PATH sends no OPEN), the rest
     # go: the walk after looks their children up through them again
     held = [os.open(u.path(p), os.O_PATH)
-            for p in ("dir/a", "moved2", "opq", "new/deep")]
+            for p in ("dir/a", "moved2", "opq", "new/deep", "still")]
     with open("/proc/sys/vm/drop_caches", "w") as f:
         f.write("2")
     frozen = tmp_path / "frozen"
