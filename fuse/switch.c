@@ -515,9 +515,9 @@ void sfs_switch_rollback(void)
 		return;
 	if (n) {
 		/* through, it has nothing to free */
-		for (int i = 0; atomic_load(&n->fgen) != sw->gen &&
-				i < n->nlower; i++)
-			sfs_node_lower(n)[i].layer = sw->layers[i];
+		if (atomic_load(&n->fgen) != sw->gen)
+			for (int i = 0; i < n->nlower; i++)
+				sfs_node_lower(n)[i].layer = sw->layers[i];
 		atomic_store(&sw->shifting, NULL);
 		return;
 	}
